@@ -1,0 +1,235 @@
+"""GRPO: group-relative advantages over episodes that share an initial state; no critic.
+
+Grouping contract: envs with equal ``env_id // group_size`` start their e-th episodes from the
+same seeded initial state (``EnvGroup(reset_group_size=group_size)``), so an episode's group key
+is ``(env_id // group_size, episode_id)``. Each complete episode in a segment gets
+``A = (R - mean_group) / (std_group + eps)``, assigned to all its decisions; the rest of the
+segment (episode tails cut by the segment boundary, singleton groups) is masked out.
+
+An episode is complete when the segment holds both its first and last decision. Its last decision
+is a done; its first follows a done in the same segment, or is the first row of the segment with
+``episode_step == 0`` (the data contract says how far into its episode every decision is), so a
+tail cut from the previous segment is never scored with a partial return.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import dataclass
+
+import torch
+
+from ebrl.algos.loss import FlatBatch, behaviour_stats, sgd_update
+from ebrl.algos.returns import group_relative_advantages
+from ebrl.policies.base import Policy
+from ebrl.types import Segment
+
+Tensor = torch.Tensor
+
+
+@dataclass(kw_only=True)
+class GRPOConfig:
+    """GRPO hyperparameters; the PPO-clip machinery is shared with :class:`PPOConfig`."""
+
+    group_size: int = 4
+    """Envs per group; must equal EnvGroup's reset_group_size."""
+    reward: str = "return"
+    """Episode score: "return" (undiscounted sum of per-step rewards) or "success" (0/1)."""
+    adv_eps: float = 1e-6
+    """Added to the group std."""
+    lr: float = 3e-4
+    """Adam learning rate."""
+    adam_eps: float = 1e-5
+    """Adam epsilon."""
+    clip_coef: float = 0.2
+    """PPO ratio clip, on exp(current - proximal)."""
+    ent_coef: float = 0.0
+    """Entropy bonus coefficient."""
+    kl_coef: float = 0.0
+    """Penalty on KL(current || reference), reference = weights at construction; 0 = KL-free."""
+    max_grad_norm: float = 0.5
+    """Global gradient norm clip."""
+    target_kl: float | None = 0.1
+    """Early stop on approx KL(proximal || current) above this; None disables."""
+    scale_target_kl_with_chunk: bool = True
+    """Multiply target_kl by K (the KL of a chunk's summed log-prob grows with K)."""
+    update_epochs: int = 8
+    """Passes over the valid decisions per update."""
+    num_minibatches: int = 4
+    """Minibatches per pass."""
+    norm_adv: bool = False
+    """Re-standardise advantages per minibatch (off: group normalisation already did it)."""
+    behave_weight_threshold: float | None = 2.0
+    """Drop samples whose behaviour weight exp(prox - behav) exceeds this."""
+    dual_clip: float | None = 3.0
+    """Dual-clip constant c > 1 for negative advantages."""
+
+    def __post_init__(self) -> None:
+        # A plain str, not Literal: Hydra/OmegaConf structured configs reject Literal annotations.
+        if self.reward not in ("return", "success"):
+            raise ValueError(
+                f"GRPOConfig.reward must be 'return' or 'success', got {self.reward!r}"
+            )
+        if self.group_size < 1:
+            raise ValueError(f"GRPOConfig.group_size must be >= 1, got {self.group_size}")
+
+    def effective_target_kl(self, chunk_size: int) -> float | None:
+        """The KL cutoff actually used for chunks of ``chunk_size`` actions."""
+        if self.target_kl is None:
+            return None
+        return self.target_kl * chunk_size if self.scale_target_kl_with_chunk else self.target_kl
+
+
+@dataclass(slots=True)
+class EpisodeAdvantages:
+    """Per-decision GRPO advantages of a segment."""
+
+    advantages: Tensor  # [T, N] float32, 0 where masked
+    mask: Tensor  # [T, N] bool, decision belongs to a complete episode of a kept group
+    num_groups: int  # groups with >= 2 complete episodes
+
+
+def episode_advantages(
+    seg: Segment,
+    first_is_start: Tensor,
+    group_size: int,
+    reward: str = "return",
+    eps: float = 1e-6,
+) -> EpisodeAdvantages:
+    """Group-relative advantages of the complete episodes of a segment.
+
+    Args:
+        seg: the segment.
+        first_is_start: ``[N]`` bool, row 0 of column i is the first decision of its episode.
+        group_size: envs per reset group.
+        reward: ``"return"`` (undiscounted sum of per-step rewards) or ``"success"``.
+        eps: added to the group std.
+    """
+    t_len, n = seg.shape
+    done = (seg.terminated | seg.truncated).cpu()  # [T, N]
+    live = torch.arange(seg.reward.shape[-1]) < seg.n_steps.cpu().unsqueeze(-1)  # [T, N, K]
+    step_sum = (seg.reward.cpu() * live).sum(-1)  # [T, N], undiscounted per decision
+    success = seg.success.cpu()  # [T, N]
+    ep_id = seg.episode_id.cpu()  # [T, N]
+    env_ids = seg.env_ids.cpu()  # [N]
+
+    spans: list[tuple[int, int, int]] = []  # (column, first row, last row) of complete episodes
+    scores: list[float] = []
+    keys: list[tuple[int, int]] = []
+    for i in range(n):
+        start, fresh = 0, bool(first_is_start[i])
+        for t in range(t_len):
+            if not done[t, i]:
+                continue
+            if fresh:
+                if ep_id[start, i] != ep_id[t, i]:
+                    raise ValueError(
+                        f"GRPO: env {int(env_ids[i])} changes episode id inside an episode "
+                        f"(rows {start}..{t}); episode_id must be constant until a done"
+                    )
+                if reward == "success":
+                    score = float(success[start : t + 1, i].any())
+                else:
+                    score = float(step_sum[start : t + 1, i].sum())
+                spans.append((i, start, t))
+                scores.append(score)
+                keys.append((int(env_ids[i]) // group_size, int(ep_id[t, i])))
+            start, fresh = t + 1, True
+
+    adv = torch.zeros(t_len, n)  # [T, N]
+    mask = torch.zeros(t_len, n, dtype=torch.bool)  # [T, N]
+    if not spans:
+        return EpisodeAdvantages(adv, mask, 0)
+    key_t = torch.tensor(keys, dtype=torch.int64)  # [E, 2]
+    ep_adv, valid = group_relative_advantages(torch.tensor(scores), key_t, eps)  # [E], [E]
+    for (i, a, b), v, ok in zip(spans, ep_adv.tolist(), valid.tolist()):
+        if ok:
+            adv[a : b + 1, i] = v
+            mask[a : b + 1, i] = True
+    num_groups = int(torch.unique(key_t[valid], dim=0).shape[0]) if bool(valid.any()) else 0
+    return EpisodeAdvantages(adv, mask, num_groups)
+
+
+class GRPO:
+    """Critic-free learner with group-relative advantages: ``update(segment) -> metrics``.
+
+    Row 0 of a segment starts an episode where ``seg.episode_step[0] == 0``; episodes cut by a
+    segment boundary are left out of the loss (see the module docstring).
+
+    Args:
+        policy: the policy to train in place; its critic is never trained.
+        cfg: hyperparameters.
+    """
+
+    def __init__(self, policy: Policy, cfg: GRPOConfig) -> None:
+        self.policy = policy
+        self.cfg = cfg
+        self.optimizer = torch.optim.Adam(policy.parameters(), lr=cfg.lr, eps=cfg.adam_eps)
+        self.reference: Policy | None = None
+        if cfg.kl_coef > 0:
+            self.reference = copy.deepcopy(policy).requires_grad_(False)
+
+    def _ref_kl(self, obs: Tensor):
+        """Extra-loss closure: kl_coef * KL(current || reference), exact for Gaussians."""
+
+        def fn(d: torch.distributions.Normal, idx: Tensor) -> tuple[Tensor, float]:
+            with torch.no_grad():
+                ref = self.reference.dist(obs[idx])  # loc/scale [b, K, A]
+            kl = torch.distributions.kl_divergence(d, ref).sum(dim=(1, 2)).mean()  # []
+            return self.cfg.kl_coef * kl, kl.item()
+
+        return fn
+
+    def update(self, seg: Segment) -> dict[str, float]:
+        """One GRPO update on a segment; returns ``train/*`` and ``pipeline/*`` metrics."""
+        cfg, policy = self.cfg, self.policy
+        device = next(policy.parameters()).device
+        version = policy.version
+        staleness = seg.staleness(version).float()  # [T, N]
+        ea = episode_advantages(
+            seg, seg.episode_step[0] == 0, cfg.group_size, cfg.reward, cfg.adv_eps
+        )
+
+        seg = seg.to(device)
+        mask = ea.mask.flatten().to(device)  # [T*N]
+        obs = seg.obs.flatten(0, 1)[mask]  # [B, O], valid decisions only
+        actions = seg.actions.flatten(0, 1)[mask]  # [B, K, A]
+        with torch.no_grad():
+            prox = policy.dist(obs).log_prob(actions).sum(dim=(1, 2))  # [B]
+        behav = seg.logprob.flatten()[mask]  # [B]
+        batch = FlatBatch(
+            obs=obs,
+            actions=actions,
+            behav_logprob=behav,
+            prox_logprob=prox,
+            advantages=ea.advantages.flatten().to(device)[mask],
+            returns=torch.zeros_like(prox),  # no critic
+        )
+        w_mean, dropped = behaviour_stats(prox, behav, cfg.behave_weight_threshold)
+        stats = sgd_update(
+            policy,
+            self.optimizer,
+            batch,
+            cfg,
+            target_kl=cfg.effective_target_kl(policy.spec.chunk_size),
+            vf_coef=0.0,
+            extra_loss=self._ref_kl(obs) if self.reference is not None else None,
+        )
+        policy.version += 1
+        return {
+            "train/policy_loss": stats["policy_loss"],
+            "train/value_loss": 0.0,
+            "train/entropy": stats["entropy"],
+            "train/approx_kl": stats["approx_kl"],
+            "train/clipfrac": stats["clipfrac"],
+            "train/behave_weight_mean": w_mean,
+            "train/behave_dropped_frac": dropped,
+            "train/explained_variance": math.nan,  # no critic is trained
+            "train/epochs_run": stats["epochs_run"],
+            "train/ref_kl": stats["extra_loss"],
+            "train/grpo_valid_frac": float(ea.mask.float().mean()),
+            "train/grpo_groups": float(ea.num_groups),
+            "pipeline/staleness_mean": float(staleness.mean()),
+            "pipeline/staleness_max": float(staleness.max()),
+        }

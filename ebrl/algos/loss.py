@@ -1,0 +1,236 @@
+"""The decoupled PPO-clip loss and the minibatch SGD loop shared by PPO and GRPO.
+
+Decoupled PPO (Hilton et al. 2022; AReaL and RLinf use it for asynchronous RL) separates three
+policies:
+
+* behaviour: the weights that acted (``seg.logprob``), possibly several versions old;
+* proximal: the weights at the start of this update, the anchor of the trust region;
+* current: the weights being optimised.
+
+The clipped ratio is ``exp(cur - prox)``, so the trust region does not shrink or widen with
+staleness; the off-policy correction is the behaviour importance weight
+``w = exp(prox - behav)`` multiplying each sample's clipped loss. Samples with ``w`` above
+``behave_weight_threshold`` are dropped (weight 0), as in RLinf's
+``compute_decoupled_ppo_actor_loss`` and AReaL's ``behav_imp_weight_cap``: truncating them
+instead would keep the most off-policy samples at full strength. As there, the loss is still
+normalised by the number of samples before dropping, so a dropped sample acts as a zero and does
+not inflate the others. With fresh data ``prox == behav``, ``w = 1`` and the loss is
+exactly standard PPO-clip.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+from torch import nn
+
+from ebrl.policies.base import Policy
+
+Tensor = torch.Tensor
+
+
+@dataclass(slots=True)
+class PolicyLoss:
+    """The clipped policy loss of a minibatch and its diagnostics."""
+
+    loss: Tensor  # [] scalar, with gradients through the current log-probs
+    approx_kl: float  # KL(prox || cur) estimate, ((r - 1) - log r).mean() (Schulman's k3)
+    clipfrac: float  # fraction of samples whose ratio left [1 - clip, 1 + clip]
+    behave_weight_mean: float  # mean behaviour weight over kept samples
+    behave_dropped_frac: float  # fraction of samples dropped by the threshold
+
+
+def decoupled_ppo_loss(
+    logprob: Tensor,
+    prox_logprob: Tensor,
+    behav_logprob: Tensor,
+    advantages: Tensor,
+    *,
+    clip_coef: float,
+    behave_weight_threshold: float | None,
+    dual_clip: float | None,
+) -> PolicyLoss:
+    """Decoupled PPO-clip loss with behaviour weighting and optional dual clip.
+
+    Args:
+        logprob: ``[B]`` current log-probs (with gradients).
+        prox_logprob: ``[B]`` proximal log-probs (weights at the start of the update).
+        behav_logprob: ``[B]`` behaviour log-probs (the weights that acted).
+        advantages: ``[B]``.
+        clip_coef: PPO ratio clip.
+        behave_weight_threshold: drop samples with ``exp(prox - behav)`` above this; None keeps
+            every sample.
+        dual_clip: for negative advantages, cap the loss at ``dual_clip * |A|`` (Ye et al. 2020)
+            so a huge ratio on a bad action cannot dominate the gradient; None disables it.
+
+    Returns:
+        The loss (mean over all B samples, dropped ones counted as zero) and diagnostics.
+    """
+    prox_logprob = prox_logprob.detach()
+    log_ratio = logprob - prox_logprob  # [B]
+    ratio = log_ratio.exp()  # [B]
+    pg1 = -advantages * ratio  # [B]
+    pg2 = -advantages * ratio.clamp(1.0 - clip_coef, 1.0 + clip_coef)  # [B]
+    pg = torch.maximum(pg1, pg2)  # [B], pessimistic bound
+    if dual_clip is not None:
+        if dual_clip <= 1.0:
+            raise ValueError(f"dual_clip must be > 1, got {dual_clip}")
+        # -A * c is positive when A < 0: the loss (= -objective) may not exceed c * |A|.
+        capped = torch.minimum(pg, -advantages * dual_clip)  # [B]
+        pg = torch.where(advantages < 0, capped, pg)
+
+    with torch.no_grad():
+        weight = (prox_logprob - behav_logprob.detach()).exp()  # [B] behaviour weight
+        if behave_weight_threshold is not None:
+            keep = weight <= behave_weight_threshold  # [B] bool
+        else:
+            keep = torch.ones_like(weight, dtype=torch.bool)
+        weight = torch.where(keep, weight, torch.zeros_like(weight))  # [B]
+        n_keep = int(keep.sum())
+        approx_kl = float(((ratio - 1.0) - log_ratio).mean()) if ratio.numel() else 0.0
+        clipfrac = float(((ratio - 1.0).abs() > clip_coef).float().mean()) if ratio.numel() else 0.0
+    b = max(advantages.numel(), 1)
+    return PolicyLoss(
+        loss=(pg * weight).sum() / b,
+        approx_kl=approx_kl,
+        clipfrac=clipfrac,
+        behave_weight_mean=float(weight.sum()) / n_keep if n_keep else 0.0,
+        behave_dropped_frac=1.0 - n_keep / b,
+    )
+
+
+class SGDSettings(Protocol):
+    """Config fields the SGD loop reads (PPOConfig and GRPOConfig both have them)."""
+
+    clip_coef: float
+    ent_coef: float
+    max_grad_norm: float
+    update_epochs: int
+    num_minibatches: int
+    norm_adv: bool
+    behave_weight_threshold: float | None
+    dual_clip: float | None
+
+
+@dataclass(slots=True)
+class FlatBatch:
+    """Decisions flattened to one batch dimension for minibatch SGD."""
+
+    obs: Tensor  # [B, O]
+    actions: Tensor  # [B, K, A]
+    behav_logprob: Tensor  # [B]
+    prox_logprob: Tensor  # [B]
+    advantages: Tensor  # [B]
+    returns: Tensor  # [B], value targets (unused when vf_coef == 0)
+
+    def __len__(self) -> int:
+        return int(self.obs.shape[0])
+
+
+#: extra loss term on a minibatch: (current distribution, minibatch indices) -> (loss [], log value)
+ExtraLoss = Callable[[torch.distributions.Normal, Tensor], tuple[Tensor, float]]
+
+
+def sgd_update(
+    policy: Policy,
+    optimizer: torch.optim.Optimizer,
+    batch: FlatBatch,
+    cfg: SGDSettings,
+    *,
+    target_kl: float | None,
+    vf_coef: float,
+    extra_loss: ExtraLoss | None = None,
+) -> dict[str, float]:
+    """Epochs of shuffled minibatch SGD on the decoupled PPO loss, with KL early stopping.
+
+    Like ManiSkill's PPO baseline, a minibatch whose approx KL exceeds ``target_kl`` is not
+    applied and ends the whole update. With ``vf_coef == 0`` the critic is not evaluated at all.
+
+    Returns:
+        Metrics without prefix: policy_loss, value_loss, entropy, approx_kl (last minibatch
+        seen), clipfrac, epochs_run (applied minibatches / num_minibatches), extra_loss.
+    """
+    sums = {"policy_loss": 0.0, "value_loss": 0.0, "entropy": 0.0, "clipfrac": 0.0, "extra": 0.0}
+    n_applied = 0
+    approx_kl = 0.0
+    n = len(batch)
+    params = [p for p in policy.parameters() if p.requires_grad]
+    stop = False
+    for _ in range(cfg.update_epochs if n else 0):
+        perm = torch.randperm(n, device=batch.obs.device)  # [B]
+        for idx in torch.tensor_split(perm, cfg.num_minibatches):
+            if idx.numel() == 0:
+                continue
+            d = policy.dist(batch.obs[idx])  # loc/scale [b, K, A]
+            logprob = d.log_prob(batch.actions[idx]).sum(dim=(1, 2))  # [b]
+            entropy = d.entropy().sum(dim=(1, 2))  # [b]
+            adv = batch.advantages[idx]  # [b]
+            if cfg.norm_adv and adv.numel() > 1:
+                adv = (adv - adv.mean()) / (adv.std() + 1e-8)
+            pl = decoupled_ppo_loss(
+                logprob,
+                batch.prox_logprob[idx],
+                batch.behav_logprob[idx],
+                adv,
+                clip_coef=cfg.clip_coef,
+                behave_weight_threshold=cfg.behave_weight_threshold,
+                dual_clip=cfg.dual_clip,
+            )
+            approx_kl = pl.approx_kl
+            if target_kl is not None and pl.approx_kl > target_kl:
+                stop = True
+                break
+            loss = pl.loss - cfg.ent_coef * entropy.mean()
+            v_loss = torch.zeros(())
+            if vf_coef != 0.0:
+                v = policy.value(batch.obs[idx])  # [b]
+                v_loss = 0.5 * ((v - batch.returns[idx]) ** 2).mean()
+                loss = loss + vf_coef * v_loss
+            if extra_loss is not None:
+                extra, extra_log = extra_loss(d, idx)
+                loss = loss + extra
+                sums["extra"] += extra_log
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
+            optimizer.step()
+            n_applied += 1
+            sums["policy_loss"] += pl.loss.item()
+            sums["value_loss"] += v_loss.item()
+            sums["entropy"] += entropy.mean().item()
+            sums["clipfrac"] += pl.clipfrac
+        if stop:
+            break
+    denom = max(n_applied, 1)
+    return {
+        "policy_loss": sums["policy_loss"] / denom,
+        "value_loss": sums["value_loss"] / denom,
+        "entropy": sums["entropy"] / denom,
+        "clipfrac": sums["clipfrac"] / denom,
+        "extra_loss": sums["extra"] / denom,
+        "approx_kl": approx_kl,
+        "epochs_run": n_applied / cfg.num_minibatches,
+    }
+
+
+def behaviour_stats(
+    prox_logprob: Tensor, behav_logprob: Tensor, threshold: float | None
+) -> tuple[float, float]:
+    """(mean behaviour weight over kept samples, dropped fraction) over a whole batch ``[B]``."""
+    w = (prox_logprob - behav_logprob).exp()  # [B]
+    keep = w <= threshold if threshold is not None else torch.ones_like(w, dtype=torch.bool)
+    n_keep = int(keep.sum())
+    mean = float(w[keep].mean()) if n_keep else math.nan
+    return mean, (1.0 - n_keep / w.numel()) if w.numel() else 0.0
+
+
+def explained_variance(pred: Tensor, target: Tensor) -> float:
+    """``1 - Var(target - pred) / Var(target)``; NaN when the target is constant."""
+    var_y = float(target.var()) if target.numel() > 1 else 0.0
+    if var_y == 0.0:
+        return math.nan
+    return 1.0 - float((target - pred).var()) / var_y

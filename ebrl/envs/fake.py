@@ -1,0 +1,106 @@
+"""A tiny deterministic fake env for tests: everything it returns says where it came from."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from ebrl.envs.base import EnvSpec, StepResult
+
+#: reset seeds are folded into obs[4] modulo this, which float32 represents exactly
+SEED_MOD = 1 << 20
+
+
+def counting_reward(env_id: int, t: int, a0: float) -> float:
+    """The reward of :class:`CountingEnv`: ``1000 * env_id + 10 * t + a0``.
+
+    ``t`` is the step index after the step (1 for the first step of an episode). With small
+    integer actions every term is recoverable, so a reward credited to the wrong env, step or
+    action is detectable.
+    """
+    return 1000.0 * env_id + 10.0 * t + float(a0)
+
+
+class CountingEnv:
+    """Deterministic fake env whose observations and rewards encode their origin.
+
+    Observation ``[O]`` float32 (``O = obs_dim >= 4``):
+      ``[0]`` env id, ``[1]`` resets so far (1 in the first episode), ``[2]`` step ``t`` within
+      the episode, ``[3]`` running sum of ``action[0]`` within the episode,
+      ``[4]`` (when ``O >= 5``) the last reset seed modulo :data:`SEED_MOD`; the rest are zero.
+
+    Reward :func:`counting_reward` of ``(env_id, t, action[0])``. Actions are not clipped, so any
+    value passes through. The episode ends after ``episode_len`` steps as terminated with success;
+    with ``max_steps`` below that, it ends after ``max_steps`` steps as truncated without success.
+
+    Args:
+        env_id: id encoded in observations and rewards (usually the global env id).
+        episode_len: steps per episode; default ``3 + env_id % 4`` so that envs of a group end
+            their chunks and episodes at different times.
+        obs_dim: observation size (>= 4).
+        action_dim: action size (>= 1).
+        max_steps: time limit; truncates episodes longer than it (None: no limit).
+        delay_s: seconds slept per step, to give schedulers something to overlap.
+    """
+
+    def __init__(
+        self,
+        env_id: int,
+        episode_len: int | None = None,
+        obs_dim: int = 4,
+        action_dim: int = 2,
+        *,
+        max_steps: int | None = None,
+        delay_s: float = 0.0,
+    ) -> None:
+        if obs_dim < 4 or action_dim < 1:
+            raise ValueError("CountingEnv needs obs_dim >= 4 and action_dim >= 1")
+        self.env_id = env_id
+        self.episode_len = 3 + env_id % 4 if episode_len is None else episode_len
+        self.max_steps = max_steps
+        self.delay_s = delay_s
+        limit = self.episode_len if max_steps is None else min(self.episode_len, max_steps)
+        self.spec = EnvSpec(obs_dim=obs_dim, action_dim=action_dim, max_episode_steps=limit)
+        #: every seed passed to reset, in order (tests check reset-seed streams with it)
+        self.seeds: list[int] = []
+        self.steps_total = 0
+        self._t = 0
+        self._sum = 0.0
+
+    def _obs(self) -> np.ndarray:  # -> [O] float32
+        o = np.zeros(self.spec.obs_dim, np.float32)
+        o[:4] = (self.env_id, len(self.seeds), self._t, self._sum)
+        if self.spec.obs_dim >= 5 and self.seeds:
+            o[4] = self.seeds[-1] % SEED_MOD
+        return o
+
+    def reset(self, seed: int) -> np.ndarray:  # -> [O] float32
+        """Start a new episode; the seed is recorded and shown in the observation."""
+        self.seeds.append(int(seed))
+        self._t = 0
+        self._sum = 0.0
+        return self._obs()
+
+    def step(self, action: np.ndarray) -> StepResult:  # action: [A]
+        """Advance one step; stepping past the episode's end is an error (the caller must reset)."""
+        if self._t >= self.spec.max_episode_steps:
+            raise RuntimeError(f"CountingEnv {self.env_id}: step after the episode ended")
+        if self.delay_s > 0:
+            time.sleep(self.delay_s)
+        a0 = float(action[0])
+        self._t += 1
+        self._sum += a0
+        self.steps_total += 1
+        end = self._t >= self.episode_len
+        truncated = not end and self.max_steps is not None and self._t >= self.max_steps
+        return StepResult(
+            obs=self._obs(),
+            reward=counting_reward(self.env_id, self._t, a0),
+            terminated=end,
+            truncated=truncated,
+            success=end,
+        )
+
+    def close(self) -> None:
+        """Nothing to release."""

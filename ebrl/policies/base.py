@@ -1,0 +1,80 @@
+"""One interface for every policy: act on a batch of observations, emit an action chunk.
+
+Policies are Gaussian over the whole chunk: ``actions [B, K, A]`` with a log-prob summed over
+the K*A dimensions. Actions live in the env's box; the policy samples unbounded and the env
+adapters clip (as ManiSkill's PPO baseline does), so the log-prob is of the unclipped sample.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from ebrl.types import ActionChunk, Observation
+
+
+@dataclass(frozen=True, slots=True)
+class PolicySpec:
+    obs_dim: int
+    action_dim: int
+    chunk_size: int  # K
+
+
+@dataclass(slots=True)
+class Evaluation:
+    logprob: torch.Tensor  # [B] float32
+    entropy: torch.Tensor  # [B] float32
+    value: torch.Tensor  # [B] float32
+
+
+class Policy(nn.Module):
+    """Base class: subclasses implement :meth:`dist` and :meth:`value`.
+
+    ``version`` counts weight updates; the generator stamps it on every chunk it emits.
+    """
+
+    def __init__(self, spec: PolicySpec) -> None:
+        super().__init__()
+        self.spec = spec
+        self.version = 0
+
+    # -- to implement ---------------------------------------------------------------------------
+    def dist(self, obs: torch.Tensor) -> torch.distributions.Normal:
+        """Per-dimension Gaussian over the chunk: loc/scale ``[B, K, A]``."""
+        raise NotImplementedError
+
+    def value(self, obs: torch.Tensor) -> torch.Tensor:  # [B]
+        raise NotImplementedError
+
+    # -- shared ---------------------------------------------------------------------------------
+    @torch.no_grad()
+    def act(self, batch: Observation, deterministic: bool = False) -> ActionChunk:
+        """Sample an action chunk per observation (the generator's call)."""
+        d = self.dist(batch.obs)
+        a = d.mean if deterministic else d.sample()
+        return ActionChunk(
+            actions=a,
+            logprob=d.log_prob(a).sum(dim=(1, 2)),
+            value=self.value(batch.obs),
+            env_ids=batch.env_ids,
+            policy_version=torch.full_like(batch.env_ids, self.version),
+        )
+
+    def evaluate(self, obs: torch.Tensor, actions: torch.Tensor) -> Evaluation:
+        """Log-prob, entropy and value of given chunks, with gradients (the learner's call)."""
+        d = self.dist(obs)
+        return Evaluation(
+            logprob=d.log_prob(actions).sum(dim=(1, 2)),
+            entropy=d.entropy().sum(dim=(1, 2)),
+            value=self.value(obs),
+        )
+
+    def get_weights(self) -> tuple[int, dict[str, torch.Tensor]]:
+        """(version, a detached CPU copy of the state dict)."""
+        return self.version, {k: v.detach().cpu().clone() for k, v in self.state_dict().items()}
+
+    def set_weights(self, version: int, weights: dict[str, torch.Tensor]) -> None:
+        self.load_state_dict(weights)
+        self.version = version

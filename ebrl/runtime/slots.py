@@ -1,0 +1,136 @@
+"""Per-env slots for the hot path: observations and action chunks, indexed by global env id.
+
+Env workers write an env's next observation into its slot and send the generator only the env id;
+the generator reads the slots of a batch, writes the chunks back into the action slots and sends the
+env workers only ids. On one machine the slots are POSIX shared memory (no copy through any
+process in between); when a worker sits on another machine, :class:`InlineSlots` carries the same
+rows inside the message instead. Both have one interface: ``put_* -> payload``, ``get_*(payload)``.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from multiprocessing import shared_memory
+from typing import Any
+
+import numpy as np
+import torch
+
+from ebrl.types import ActionChunk
+
+def _layout(obs_dim: int, k: int, a: int) -> dict[str, tuple[tuple[int, ...], Any]]:
+    """field -> (shape after the env axis, dtype)."""
+    return {
+        "obs": ((obs_dim,), np.float32),
+        "actions": ((k, a), np.float32),
+        "logprob": ((), np.float32),
+        "value": ((), np.float32),
+        "version": ((), np.int64),
+    }
+
+
+@dataclass(frozen=True)
+class SlotSpec:
+    num_envs: int
+    obs_dim: int
+    chunk_size: int
+    action_dim: int
+    name: str = ""  # shared-memory name prefix ("" for inline)
+
+
+class ShmSlots:
+    """Slots in POSIX shared memory. The creator (the driver) unlinks them at the end."""
+
+    def __init__(self, spec: SlotSpec, create: bool = False) -> None:
+        self.spec = spec
+        self._shm: list[shared_memory.SharedMemory] = []
+        self.arrays: dict[str, np.ndarray] = {}
+        self._owner = create
+        for field, (shape, dtype) in _layout(spec.obs_dim, spec.chunk_size, spec.action_dim).items():
+            full = (spec.num_envs, *shape)
+            nbytes = max(1, int(np.prod(full)) * np.dtype(dtype).itemsize)
+            name = f"{spec.name}_{field}"
+            shm = shared_memory.SharedMemory(name=name, create=create, size=nbytes if create else 0)
+            if not create:
+                # attaching processes must not let Python's resource tracker unlink the segment
+                _untrack(shm)
+            self._shm.append(shm)
+            self.arrays[field] = np.ndarray(full, dtype=dtype, buffer=shm.buf)
+
+    @classmethod
+    def create(cls, num_envs: int, obs_dim: int, chunk_size: int, action_dim: int) -> ShmSlots:
+        name = f"ebrl_{uuid.uuid4().hex[:12]}"
+        return cls(SlotSpec(num_envs, obs_dim, chunk_size, action_dim, name), create=True)
+
+    def put_obs(self, env_ids: np.ndarray, obs: np.ndarray) -> None:
+        self.arrays["obs"][env_ids] = obs
+        return None
+
+    def get_obs(self, env_ids: np.ndarray, payload: Any = None) -> np.ndarray:
+        return self.arrays["obs"][env_ids].copy()
+
+    def put_chunk(self, chunk: ActionChunk) -> None:
+        ids = chunk.env_ids.numpy()
+        self.arrays["actions"][ids] = chunk.actions.numpy()
+        self.arrays["logprob"][ids] = chunk.logprob.numpy()
+        self.arrays["value"][ids] = chunk.value.numpy()
+        self.arrays["version"][ids] = chunk.policy_version.numpy()
+        return None
+
+    def get_chunk(self, env_ids: np.ndarray, payload: Any = None) -> ActionChunk:
+        a = self.arrays
+        return ActionChunk(
+            actions=torch.from_numpy(a["actions"][env_ids].copy()),
+            logprob=torch.from_numpy(a["logprob"][env_ids].copy()),
+            value=torch.from_numpy(a["value"][env_ids].copy()),
+            env_ids=torch.from_numpy(np.asarray(env_ids, dtype=np.int64)),
+            policy_version=torch.from_numpy(a["version"][env_ids].copy()),
+        )
+
+    def close(self) -> None:
+        self.arrays.clear()
+        for shm in self._shm:
+            shm.close()
+            if self._owner:
+                try:
+                    shm.unlink()
+                except FileNotFoundError:
+                    pass
+        self._shm.clear()
+
+
+class InlineSlots:
+    """The same interface with the rows carried in the message (workers on other machines)."""
+
+    def __init__(self, spec: SlotSpec) -> None:
+        self.spec = spec
+
+    def put_obs(self, env_ids: np.ndarray, obs: np.ndarray) -> np.ndarray:
+        return np.ascontiguousarray(obs, dtype=np.float32)
+
+    def get_obs(self, env_ids: np.ndarray, payload: np.ndarray) -> np.ndarray:
+        return payload
+
+    def put_chunk(self, chunk: ActionChunk) -> ActionChunk:
+        return chunk
+
+    def get_chunk(self, env_ids: np.ndarray, payload: ActionChunk) -> ActionChunk:
+        return payload
+
+    def close(self) -> None:
+        pass
+
+
+def _untrack(shm: shared_memory.SharedMemory) -> None:
+    try:
+        from multiprocessing import resource_tracker
+
+        resource_tracker.unregister(shm._name, "shared_memory")  # type: ignore[attr-defined]
+    except Exception:  # tracker absent (Python builds without it): nothing to undo
+        pass
+
+
+def open_slots(spec: SlotSpec, inline: bool) -> ShmSlots | InlineSlots:
+    """Attach to the run's slots from a worker (inline when not on the driver's machine)."""
+    return InlineSlots(spec) if inline or not spec.name else ShmSlots(spec, create=False)

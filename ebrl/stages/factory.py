@@ -1,0 +1,90 @@
+"""Building stages from a config, anywhere: in the driver, in a Ray actor, in a thread.
+
+A :class:`StageFactory` is a picklable recipe (the resolved config); each worker process calls the
+method for its own stage, so simulators and policies are built where they run, never shipped.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+import torch
+from hydra.utils import get_class, instantiate
+from omegaconf import DictConfig, OmegaConf
+
+from ebrl.envs.base import EnvGroup, EnvSpec
+from ebrl.policies.base import Policy, PolicySpec
+from ebrl.stages.gen import GenStage
+from ebrl.stages.sim import SimStage
+from ebrl.stages.train import TrainStage
+
+
+@dataclass(frozen=True)
+class StageFactory:
+    """Recipe for the stages of one run.
+
+    Attributes:
+        cfg: the resolved run config as plain containers (picklable).
+        env_spec: the simulator's spec, once known (sim workers report it).
+    """
+
+    cfg: dict[str, Any]
+    env_spec: EnvSpec | None = None
+
+    @classmethod
+    def from_config(cls, cfg: DictConfig) -> StageFactory:
+        return cls(cfg=OmegaConf.to_container(cfg, resolve=True))  # type: ignore[arg-type]
+
+    @property
+    def node(self) -> DictConfig:
+        return OmegaConf.create(self.cfg)
+
+    def with_spec(self, spec: EnvSpec) -> StageFactory:
+        return replace(self, env_spec=spec)
+
+    # -- sim ------------------------------------------------------------------------------------
+    def env_partition(self, parts: int) -> list[list[int]]:
+        """Global env ids split into ``parts`` contiguous blocks (one per sim worker)."""
+        return [[int(i) for i in p] for p in np.array_split(np.arange(self.cfg["num_envs"]), parts)]
+
+    def make_env(self, env_id: int):
+        sim = self.node.simulator
+        cls = get_class(sim._target_)
+        kwargs = {"env_id": env_id} if "env_id" in inspect.signature(cls).parameters else {}
+        return instantiate(sim, **kwargs)
+
+    def sim(self, env_ids: list[int]) -> SimStage:
+        # GRPO's groups share initial states: reset them with common seeds
+        reset_group = int(self.cfg["algo"]["cfg"].get("group_size", 1))
+        group = EnvGroup(
+            [self.make_env(i) for i in env_ids],
+            env_ids,
+            seed=int(self.cfg["seed"]),
+            reset_group_size=reset_group,
+        )
+        return SimStage(group)
+
+    # -- gen / train ----------------------------------------------------------------------------
+    def policy(self) -> Policy:
+        """The initial policy; identical in every process (seeded from the run seed)."""
+        if self.env_spec is None:
+            raise RuntimeError("StageFactory.policy: env spec unknown; call with_spec() first")
+        spec = PolicySpec(
+            obs_dim=self.env_spec.obs_dim,
+            action_dim=self.env_spec.action_dim,
+            chunk_size=int(self.cfg["chunk_size"]),
+        )
+        torch.manual_seed(int(self.cfg["seed"]))
+        return instantiate(self.node.policy, spec=spec)
+
+    def gen(self) -> GenStage:
+        return GenStage(
+            self.policy(), threads=int(self.cfg["threads"]["gen"]), seed=int(self.cfg["seed"])
+        )
+
+    def train(self) -> TrainStage:
+        algo = instantiate(self.node.algo, policy=self.policy(), _convert_="object")
+        return TrainStage(algo, threads=int(self.cfg["threads"]["train"]))

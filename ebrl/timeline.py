@@ -1,0 +1,104 @@
+"""Stage spans on a shared clock: busy time per stage and a Chrome-trace timeline.
+
+Every stage call a scheduler makes is recorded as a span ``(stage, track, start, end)``. From the
+spans come per-stage busy time, the engine's own overhead (wall time covered by no span) and the
+trace file a person opens in chrome://tracing or https://ui.perfetto.dev.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+
+@dataclass(frozen=True, slots=True)
+class Span:
+    stage: str  # "sim", "gen", "train", "sync", ...
+    track: str  # a lane in the trace: a worker, an env group, the learner
+    start: float  # seconds on time.perf_counter's clock
+    end: float
+    args: tuple[tuple[str, float | int | str], ...] = ()
+
+
+class Timeline:
+    """Thread-safe span recorder with a bounded memory footprint.
+
+    Args:
+        max_spans: spans kept for the trace file; accounting (busy time) is always exact.
+    """
+
+    def __init__(self, max_spans: int = 200_000) -> None:
+        self.t0 = time.perf_counter()
+        self.spans: list[Span] = []
+        self.busy: dict[str, float] = {}
+        self.max_spans = max_spans
+        self._lock = threading.Lock()
+
+    def add(self, span: Span) -> None:
+        with self._lock:
+            self.busy[span.stage] = self.busy.get(span.stage, 0.0) + (span.end - span.start)
+            if len(self.spans) < self.max_spans:
+                self.spans.append(span)
+
+    @contextmanager
+    def span(self, stage: str, track: str, **args: float | int | str) -> Iterator[None]:
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.add(Span(stage, track, start, time.perf_counter(), tuple(args.items())))
+
+    def covered(self, since: float | None = None, stages: tuple[str, ...] | None = None) -> float:
+        """Seconds of wall time (after ``since``) covered by at least one span of ``stages``."""
+        with self._lock:
+            iv = sorted(
+                (max(s.start, since or s.start), s.end)
+                for s in self.spans
+                if (stages is None or s.stage in stages) and s.end > (since or s.start)
+            )
+        total, cur_s, cur_e = 0.0, None, None
+        for s, e in iv:
+            if cur_e is None or s > cur_e:
+                if cur_e is not None:
+                    total += cur_e - cur_s
+                cur_s, cur_e = s, e
+            else:
+                cur_e = max(cur_e, e)
+        if cur_e is not None:
+            total += cur_e - cur_s
+        return total
+
+    def write_chrome_trace(self, path: str | Path) -> Path:
+        """Write the spans as Chrome trace JSON (complete events, microseconds)."""
+        path = Path(path)
+        tracks: dict[str, int] = {}
+        events: list[dict] = []
+        with self._lock:
+            spans = list(self.spans)
+        for s in spans:
+            tid = tracks.setdefault(s.track, len(tracks) + 1)
+            events.append(
+                {
+                    "name": s.stage,
+                    "cat": s.stage,
+                    "ph": "X",
+                    "pid": os.getpid(),
+                    "tid": tid,
+                    "ts": (s.start - self.t0) * 1e6,
+                    "dur": (s.end - s.start) * 1e6,
+                    "args": dict(s.args),
+                }
+            )
+        for name, tid in tracks.items():
+            events.append(
+                {"name": "thread_name", "ph": "M", "pid": os.getpid(), "tid": tid,
+                 "args": {"name": name}}
+            )
+        path.write_text(json.dumps({"traceEvents": events, "displayTimeUnit": "ms"}))
+        return path

@@ -1,0 +1,312 @@
+"""``train(cfg)``: build the stages from a config, let the scheduler drive them, log everything.
+
+Entry points: ``python -m ebrl.train [overrides]`` and the ``ebrl-train`` console script (Hydra).
+Each run writes into its run folder: ``config.yaml`` (resolved), ``metrics.csv`` (one row per
+update), ``timeline.json`` (Chrome trace) and ``summary.json``; the same go to MLflow.
+"""
+
+from __future__ import annotations
+
+import csv
+import inspect
+import json
+import logging
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import hydra
+import numpy as np
+import torch
+from hydra.utils import get_class, instantiate
+from omegaconf import DictConfig, OmegaConf
+
+from ebrl.config import RunConfig, register, validate
+from ebrl.envs.base import EnvGroup
+from ebrl.policies.base import Policy, PolicySpec
+from ebrl.schedulers.base import RunContext, Stages
+from ebrl.stages import GenStage, SimStage, TrainStage
+from ebrl.timeline import Timeline
+from ebrl.tracking import MLflowTracker, NullTracker, Tracker, git_commit, machine
+
+log = logging.getLogger("ebrl")
+CONF_DIR = str(Path(__file__).resolve().parents[1] / "conf")
+
+
+# --- building ---------------------------------------------------------------------------------
+def make_env(sim_cfg: DictConfig, env_id: int):
+    """One env instance from a simulator node; ``env_id`` is passed if the class takes it."""
+    cls = get_class(sim_cfg._target_)
+    kwargs = {"env_id": env_id} if "env_id" in inspect.signature(cls).parameters else {}
+    return instantiate(sim_cfg, **kwargs)
+
+
+def build_stages(cfg: DictConfig, run: RunConfig) -> Stages:
+    """The env groups, the generator and the learner of one run (all in this process)."""
+    # GRPO's groups share initial states: the env groups reset them with common seeds
+    reset_group = int(cfg.algo.cfg.get("group_size", 1))
+    ids = np.array_split(np.arange(run.num_envs), run.env_groups)
+    sims = [
+        SimStage(
+            EnvGroup(
+                [make_env(cfg.simulator, int(i)) for i in part],
+                [int(i) for i in part],
+                seed=run.seed,
+                reset_group_size=reset_group,
+            )
+        )
+        for part in ids
+    ]
+    env_spec = sims[0].group.spec
+    spec = PolicySpec(
+        obs_dim=env_spec.obs_dim, action_dim=env_spec.action_dim, chunk_size=run.chunk_size
+    )
+    torch.manual_seed(run.seed)
+    learner: Policy = instantiate(cfg.policy, spec=spec)
+    actor: Policy = instantiate(cfg.policy, spec=spec)
+    actor.set_weights(*learner.get_weights())
+    algo = instantiate(cfg.algo, policy=learner, _convert_="object")
+    return Stages(
+        sims=sims,
+        gen=GenStage(actor, threads=run.threads.gen),
+        train=TrainStage(algo, threads=run.threads.train),
+    )
+
+
+# --- results ----------------------------------------------------------------------------------
+@dataclass
+class Summary:
+    """What a run reports; written to ``summary.json`` and logged as MLflow metrics/tags."""
+
+    seed: int
+    commit: str
+    machine: str
+    scheduler: str
+    policy: str
+    simulator: str
+    algo: str
+    iterations: int = 0
+    env_steps: int = 0
+    wall_s: float = 0.0
+    #: env steps consumed by training per second, after the warm-up iterations
+    throughput_e2e: float = 0.0
+    #: env steps per second over the whole run
+    throughput_overall: float = 0.0
+    #: training success rate over the last iterations' episodes
+    success_rate: float = float("nan")
+    #: first wall-clock second / env step at which the success rate reached 0.8 (None: never)
+    time_to_80: float | None = None
+    steps_to_80: int | None = None
+    #: seconds each stage was busy, and the fraction of wall time covered by no stage
+    stage_busy_s: dict[str, float] = field(default_factory=dict)
+    overhead_frac: float = 0.0
+    status: str = "FINISHED"
+
+
+def _name(node: DictConfig) -> str:
+    return str(node._target_).rsplit(".", 1)[-1]
+
+
+def _flat(d: dict, prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out.update(_flat(v, key + "."))
+        else:
+            out[key] = v
+    return out
+
+
+def _run_dir(run: RunConfig) -> Path:
+    if run.run_dir:
+        d = Path(run.run_dir)
+    else:
+        try:
+            from hydra.core.hydra_config import HydraConfig
+
+            d = Path(HydraConfig.get().runtime.output_dir)
+        except ValueError:  # called without Hydra (tests, notebooks)
+            d = Path("outputs/runs") / time.strftime("%Y-%m-%d/%H-%M-%S")
+    d.mkdir(parents=True, exist_ok=True)
+    return d.resolve()
+
+
+def _tracker(run: RunConfig, summary: Summary, cfg: DictConfig) -> Tracker:
+    if not run.tracking.enabled:
+        return NullTracker()
+    tags = {
+        "scheduler": summary.scheduler,
+        "policy": summary.policy,
+        "simulator": summary.simulator,
+        "algo": summary.algo,
+        "seed": str(run.seed),
+        "git_commit": summary.commit,
+        "machine": summary.machine,
+        "implementation": "ebrl",
+    }
+    name = run.tracking.run_name or (
+        f"{summary.scheduler}-{summary.policy}-{summary.simulator}-s{run.seed}"
+    )
+    tr = MLflowTracker(
+        uri=run.tracking.uri,
+        store=run.tracking.store,
+        experiment=run.tracking.experiment,
+        run_name=name,
+        tags=tags,
+    )
+    tr.log_params(_flat(OmegaConf.to_container(cfg, resolve=True)))  # type: ignore[arg-type]
+    return tr
+
+
+# --- the loop ---------------------------------------------------------------------------------
+def train(cfg: DictConfig) -> Summary:
+    """Run one training job described by a composed config; returns its summary."""
+    run = validate(cfg)
+    run_dir = _run_dir(run)
+    (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+    summary = Summary(
+        seed=run.seed,
+        commit=git_commit(),
+        machine=machine(),
+        scheduler=_name(cfg.scheduler),
+        policy=_name(cfg.policy),
+        simulator=str(cfg.simulator.get("task", _name(cfg.simulator))),
+        algo=_name(cfg.algo),
+    )
+    np.random.seed(run.seed)
+    torch.manual_seed(run.seed)
+    stages = build_stages(cfg, run)
+    tracker = _tracker(run, summary, cfg)
+    timeline = Timeline()
+    scheduler = instantiate(cfg.scheduler)
+    ctx = RunContext(stages=stages, decisions_per_env=run.decisions_per_env, timeline=timeline)
+    curve_path = run_dir / "metrics.csv"
+    rows: list[dict[str, float]] = []
+    success_hist: list[float] = []
+    bar = _progress(run)
+    t_start = time.perf_counter()
+    t_steady, steps_steady = t_start, 0
+    gen = scheduler.run(ctx)
+    try:
+        for rep in gen:
+            now = time.perf_counter() - t_start
+            summary.iterations = rep.iteration + 1
+            summary.env_steps += rep.env_steps
+            if rep.iteration + 1 == run.warmup_iters:
+                t_steady, steps_steady = time.perf_counter(), summary.env_steps
+            m = dict(rep.metrics)
+            m["time/wall_s"] = now
+            m["env/steps_total"] = summary.env_steps
+            m["throughput/env_steps_per_s"] = summary.env_steps / max(now, 1e-9)
+            for stage, busy in timeline.busy.items():
+                m[f"time/{stage}/busy_s"] = busy
+            if "env/success_rate" in m:
+                success_hist.append(m["env/success_rate"])
+                if summary.time_to_80 is None and m["env/success_rate"] >= 0.8:
+                    summary.time_to_80, summary.steps_to_80 = now, summary.env_steps
+            tracker.log_metrics(m, step=summary.env_steps)
+            rows.append({"iteration": rep.iteration, **m})
+            if bar is not None:
+                bar.update(rep.env_steps)
+                bar.set_postfix(
+                    sps=f"{m['throughput/env_steps_per_s']:.0f}",
+                    success=f"{success_hist[-1]:.2f}" if success_hist else "-",
+                )
+            if _budget_spent(run, summary.env_steps, now, summary.iterations):
+                break
+    except BaseException as e:
+        summary.status = "KILLED" if isinstance(e, KeyboardInterrupt) else "FAILED"
+        log.error("run failed (%s: %s); results so far are in %s", type(e).__name__, e, run_dir)
+        raise
+    finally:
+        gen.close()
+        for s in stages.sims:
+            s.close()
+        if bar is not None:
+            bar.close()
+        wall = time.perf_counter() - t_start
+        summary.wall_s = wall
+        summary.throughput_overall = summary.env_steps / max(wall, 1e-9)
+        steady_s = time.perf_counter() - t_steady
+        summary.throughput_e2e = (summary.env_steps - steps_steady) / max(steady_s, 1e-9)
+        if summary.iterations <= run.warmup_iters:
+            summary.throughput_e2e = summary.throughput_overall
+        tail = success_hist[-max(1, math.ceil(len(success_hist) * 0.1)) :]
+        summary.success_rate = float(np.mean(tail)) if tail else float("nan")
+        summary.stage_busy_s = dict(timeline.busy)
+        summary.overhead_frac = max(0.0, 1.0 - timeline.covered(t_start) / max(wall, 1e-9))
+        _write_outputs(run_dir, rows, summary, timeline, tracker, curve_path)
+    return summary
+
+
+def _budget_spent(run: RunConfig, steps: int, seconds: float, iters: int) -> bool:
+    b = run.budget
+    return (
+        steps >= b.env_steps
+        or (b.minutes is not None and seconds >= 60 * b.minutes)
+        or (b.iterations is not None and iters >= b.iterations)
+    )
+
+
+def _progress(run: RunConfig):
+    if not run.progress:
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=run.budget.env_steps, unit="step", unit_scale=True, dynamic_ncols=True)
+
+
+def _write_outputs(
+    run_dir: Path,
+    rows: list[dict[str, float]],
+    summary: Summary,
+    timeline: Timeline,
+    tracker: Tracker,
+    curve_path: Path,
+) -> None:
+    """Everything the run produced, to disk and to the tracker; survives a failed run."""
+    if rows:
+        keys = sorted({k for r in rows for k in r})
+        with curve_path.open("w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=keys)
+            w.writeheader()
+            w.writerows(rows)
+    trace = timeline.write_chrome_trace(run_dir / "timeline.json")
+    spath = run_dir / "summary.json"
+    spath.write_text(json.dumps(asdict(summary), indent=2))
+    try:
+        final = {
+            "summary/throughput_e2e": summary.throughput_e2e,
+            "summary/throughput_overall": summary.throughput_overall,
+            "summary/overhead_frac": summary.overhead_frac,
+            "summary/wall_s": summary.wall_s,
+        }
+        if not math.isnan(summary.success_rate):
+            final["summary/success_rate"] = summary.success_rate
+        tracker.log_metrics(final, step=summary.env_steps)
+        for p in (run_dir / "config.yaml", spath, trace, curve_path):
+            if p.exists():
+                tracker.log_artifact(p)
+    finally:
+        tracker.finish(summary.status)
+
+
+# --- entry point ------------------------------------------------------------------------------
+register()
+
+
+@hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="config")
+def main(cfg: DictConfig) -> None:
+    s = train(cfg)
+    print(
+        f"\n{s.scheduler} on {s.simulator}: {s.env_steps} env steps in {s.wall_s:.0f} s, "
+        f"throughput {s.throughput_e2e:.0f} env steps/s (steady state), "
+        f"success rate {s.success_rate:.2f}\nrun folder: {_run_dir(validate(cfg))}"
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,47 @@
+"""Shared fixtures: small composed configs written to tmp_path, Hydra state reset."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+
+from ebrl.config import register
+from ebrl.train import CONF_DIR
+
+register()
+
+
+def make_cfg(overrides: list[str] | None = None, tmp_path: Path | None = None):
+    """Compose ``conf/config.yaml`` with overrides, outside any Hydra app."""
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        ov = list(overrides or [])
+        if tmp_path is not None:
+            ov += [f"run_dir={tmp_path / 'run'}", f"tracking.store={tmp_path / 'mlflow'}"]
+        return compose(config_name="config", overrides=ov)
+
+
+TINY = [
+    "simulator=counting",
+    "policy.hidden=16",
+    "policy.layers=1",
+    "num_envs=4",
+    "env_groups=2",
+    "chunk_size=2",
+    "rollout_steps=8",
+    "budget.iterations=3",
+    "budget.env_steps=100000",
+    "warmup_iters=1",
+    "progress=false",
+    "threads.train=1",
+    "algo.cfg.update_epochs=1",
+    "algo.cfg.num_minibatches=1",
+]
+
+
+@pytest.fixture
+def tiny_cfg(tmp_path):
+    return lambda extra=(): make_cfg(TINY + list(extra), tmp_path)

@@ -1,0 +1,59 @@
+"""A whole run through train(cfg): outputs on disk and in a temporary MLflow store."""
+
+import json
+
+import pytest
+
+from ebrl.train import train
+
+mlflow = pytest.importorskip("mlflow")
+
+
+def test_train_logs_to_mlflow_and_writes_summary(tiny_cfg, tmp_path):
+    cfg = tiny_cfg()
+    s = train(cfg)
+    assert s.iterations == 3 and s.status == "FINISHED"
+    run_dir = tmp_path / "run"
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["env_steps"] == s.env_steps > 0
+    assert summary["throughput_e2e"] > 0
+    assert {"gen", "sim", "train"} <= set(summary["stage_busy_s"])
+    assert (run_dir / "metrics.csv").read_text().count("\n") == 4
+    trace = json.loads((run_dir / "timeline.json").read_text())
+    assert any(e.get("name") == "train" for e in trace["traceEvents"])
+
+    client = mlflow.tracking.MlflowClient(f"sqlite:///{tmp_path / 'mlflow' / 'mlflow.db'}")
+    exp = client.get_experiment_by_name("ebrl")
+    (run,) = client.search_runs([exp.experiment_id])
+    assert run.info.status == "FINISHED"
+    assert run.data.tags["scheduler"] == "SyncScheduler"
+    assert run.data.tags["seed"] == "0"
+    assert run.data.params["num_envs"] == "4"
+    hist = client.get_metric_history(run.info.run_id, "throughput/env_steps_per_s")
+    assert len(hist) == 3
+    arts = {a.path for a in client.list_artifacts(run.info.run_id)}
+    assert {"summary.json", "config.yaml", "timeline.json", "metrics.csv"} <= arts
+
+
+def test_failed_run_keeps_its_data(tiny_cfg, tmp_path, monkeypatch):
+    """A stage that raises: the error propagates, the run is marked FAILED, data so far kept."""
+    from ebrl.stages import train as train_mod
+
+    calls = {"n": 0}
+    orig = train_mod.TrainStage.train
+
+    def flaky(self, seg):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise RuntimeError("boom in train stage")
+        return orig(self, seg)
+
+    monkeypatch.setattr(train_mod.TrainStage, "train", flaky)
+    with pytest.raises(RuntimeError, match="boom"):
+        train(tiny_cfg())
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["status"] == "FAILED" and summary["iterations"] == 1
+    client = mlflow.tracking.MlflowClient(f"sqlite:///{tmp_path / 'mlflow' / 'mlflow.db'}")
+    (run,) = client.search_runs([client.get_experiment_by_name("ebrl").experiment_id])
+    assert run.info.status == "FAILED"
+    assert len(client.get_metric_history(run.info.run_id, "throughput/env_steps_per_s")) == 1
