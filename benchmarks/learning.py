@@ -37,9 +37,15 @@ def run_one(name: str, seed: int, scale: float, out: Path, experiment: str) -> d
     overrides, budget = CONFIGS[name]
     run_dir = out / "runs" / f"{name}-s{seed}"
     cmd = [
-        sys.executable, "-m", "ebrl.train", *overrides,
-        f"seed={seed}", f"budget.env_steps={int(budget * scale)}", f"run_dir={run_dir}",
-        f"tracking.experiment={experiment}", "progress=false",
+        sys.executable,
+        "-m",
+        "ebrl.train",
+        *overrides,
+        f"seed={seed}",
+        f"budget.env_steps={int(budget * scale)}",
+        f"run_dir={run_dir}",
+        f"tracking.experiment={experiment}",
+        "progress=false",
     ]
     t0 = time.time()
     subprocess.run(cmd, check=True, cwd=ROOT)

@@ -10,7 +10,7 @@ simulator, policy, algorithm or scheduler is a new dataclass + yaml file, never 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import StrEnum
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
@@ -36,7 +36,7 @@ class ManiSkillSim:
     reward_mode: str = "normalized_dense"
 
 
-class CostMode(str, Enum):
+class CostMode(StrEnum):
     burn = "burn"
     sleep = "sleep"
 
@@ -75,7 +75,7 @@ class MLPPolicyNode:
     log_std_init: float = -0.5
 
 
-class ModelSize(str, Enum):
+class ModelSize(StrEnum):
     S = "S"
     M = "M"
     L = "L"
@@ -216,7 +216,8 @@ def validate(cfg: DictConfig) -> RunConfig:
     if isinstance(run.algo, GRPONode):
         _check(
             run.algo.cfg.group_size >= 2 and run.num_envs % run.algo.cfg.group_size == 0,
-            f"algo.cfg.group_size={run.algo.cfg.group_size}: GRPO needs groups of >= 2 envs that divide "
+            f"algo.cfg.group_size={run.algo.cfg.group_size}: GRPO needs groups of >= 2 envs "
+            "that divide "
             f"num_envs={run.num_envs}",
         )
     if isinstance(run.simulator, SyntheticSim):

@@ -81,8 +81,12 @@ class EpisodeStats:
     def update(self, out: ChunkOutcome) -> None:
         rew = out.reward.sum(dim=1).tolist()
         for e, r, n, s, d in zip(
-            out.env_ids.tolist(), rew, out.n_steps.tolist(), out.success.tolist(),
-            out.done.tolist(), strict=True,
+            out.env_ids.tolist(),
+            rew,
+            out.n_steps.tolist(),
+            out.success.tolist(),
+            out.done.tolist(),
+            strict=True,
         ):
             self._ret[e] = self._ret.get(e, 0.0) + r
             self._len[e] = self._len.get(e, 0) + n

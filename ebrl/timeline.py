@@ -11,10 +11,10 @@ import json
 import os
 import threading
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,8 +97,13 @@ class Timeline:
             )
         for name, tid in tracks.items():
             events.append(
-                {"name": "thread_name", "ph": "M", "pid": os.getpid(), "tid": tid,
-                 "args": {"name": name}}
+                {
+                    "name": "thread_name",
+                    "ph": "M",
+                    "pid": os.getpid(),
+                    "tid": tid,
+                    "args": {"name": name},
+                }
             )
         path.write_text(json.dumps({"traceEvents": events, "displayTimeUnit": "ms"}))
         return path

@@ -114,11 +114,16 @@ def git_commit() -> str:
     try:
         sha = subprocess.run(
             ["git", "-C", str(root), "rev-parse", "HEAD"],
-            capture_output=True, text=True, timeout=5, check=True,
+            capture_output=True,
+            text=True,
+            timeout=5,
+            check=True,
         ).stdout.strip()
         dirty = subprocess.run(
             ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
-            capture_output=True, text=True, timeout=5,
+            capture_output=True,
+            text=True,
+            timeout=5,
         ).stdout.strip()
         return sha + ("-dirty" if dirty else "")
     except (OSError, subprocess.SubprocessError):
@@ -136,7 +141,11 @@ def machine() -> str:
 
             pynvml.nvmlInit()
             n = pynvml.nvmlDeviceGetCount()
-            gpu = f"{n}x {pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(0))}" if n else ""
+            gpu = (
+                f"{n}x {pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(0))}"
+                if n
+                else ""
+            )
             pynvml.nvmlShutdown()
         except Exception:  # no NVML or no GPU is the normal CPU case
             gpu = ""

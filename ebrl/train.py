@@ -8,7 +8,6 @@ update), ``timeline.json`` (Chrome trace) and ``summary.json``; the same go to M
 from __future__ import annotations
 
 import csv
-import inspect
 import json
 import logging
 import math
@@ -20,59 +19,17 @@ from typing import Any
 import hydra
 import numpy as np
 import torch
-from hydra.utils import get_class, instantiate
+from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from ebrl.config import RunConfig, register, validate
-from ebrl.envs.base import EnvGroup
-from ebrl.policies.base import Policy, PolicySpec
-from ebrl.schedulers.base import RunContext, Stages
-from ebrl.stages import GenStage, SimStage, TrainStage
+from ebrl.schedulers.base import RunContext
+from ebrl.stages.factory import StageFactory
 from ebrl.timeline import Timeline
 from ebrl.tracking import MLflowTracker, NullTracker, Tracker, git_commit, machine
 
 log = logging.getLogger("ebrl")
 CONF_DIR = str(Path(__file__).resolve().parents[1] / "conf")
-
-
-# --- building ---------------------------------------------------------------------------------
-def make_env(sim_cfg: DictConfig, env_id: int):
-    """One env instance from a simulator node; ``env_id`` is passed if the class takes it."""
-    cls = get_class(sim_cfg._target_)
-    kwargs = {"env_id": env_id} if "env_id" in inspect.signature(cls).parameters else {}
-    return instantiate(sim_cfg, **kwargs)
-
-
-def build_stages(cfg: DictConfig, run: RunConfig) -> Stages:
-    """The env groups, the generator and the learner of one run (all in this process)."""
-    # GRPO's groups share initial states: the env groups reset them with common seeds
-    reset_group = int(cfg.algo.cfg.get("group_size", 1))
-    ids = np.array_split(np.arange(run.num_envs), run.env_groups)
-    sims = [
-        SimStage(
-            EnvGroup(
-                [make_env(cfg.simulator, int(i)) for i in part],
-                [int(i) for i in part],
-                seed=run.seed,
-                reset_group_size=reset_group,
-            )
-        )
-        for part in ids
-    ]
-    env_spec = sims[0].group.spec
-    spec = PolicySpec(
-        obs_dim=env_spec.obs_dim, action_dim=env_spec.action_dim, chunk_size=run.chunk_size
-    )
-    torch.manual_seed(run.seed)
-    learner: Policy = instantiate(cfg.policy, spec=spec)
-    actor: Policy = instantiate(cfg.policy, spec=spec)
-    actor.set_weights(*learner.get_weights())
-    algo = instantiate(cfg.algo, policy=learner, _convert_="object")
-    return Stages(
-        sims=sims,
-        gen=GenStage(actor, threads=run.threads.gen),
-        train=TrainStage(algo, threads=run.threads.train),
-    )
 
 
 # --- results ----------------------------------------------------------------------------------
@@ -178,11 +135,15 @@ def train(cfg: DictConfig) -> Summary:
     )
     np.random.seed(run.seed)
     torch.manual_seed(run.seed)
-    stages = build_stages(cfg, run)
     tracker = _tracker(run, summary, cfg)
     timeline = Timeline()
     scheduler = instantiate(cfg.scheduler)
-    ctx = RunContext(stages=stages, decisions_per_env=run.decisions_per_env, timeline=timeline)
+    ctx = RunContext(
+        factory=StageFactory.from_config(cfg),
+        decisions_per_env=run.decisions_per_env,
+        env_groups=run.env_groups,
+        timeline=timeline,
+    )
     curve_path = run_dir / "metrics.csv"
     rows: list[dict[str, float]] = []
     success_hist: list[float] = []
@@ -223,8 +184,6 @@ def train(cfg: DictConfig) -> Summary:
         raise
     finally:
         gen.close()
-        for s in stages.sims:
-            s.close()
         if bar is not None:
             bar.close()
         wall = time.perf_counter() - t_start

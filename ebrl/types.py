@@ -31,9 +31,7 @@ Tensor = torch.Tensor
 
 def _map(obj: Any, fn) -> Any:
     """Apply ``fn`` to every tensor field of a dataclass, returning a new instance."""
-    return type(obj)(
-        **{f.name: fn(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
-    )
+    return type(obj)(**{f.name: fn(getattr(obj, f.name)) for f in dataclasses.fields(obj)})
 
 
 @dataclass(kw_only=True, slots=True)
@@ -114,7 +112,9 @@ class Transition:
     @classmethod
     def join(cls, obs: Observation, chunk: ActionChunk, out: ChunkOutcome) -> Self:
         """Join the three messages of one decision; refuses to mix different envs' data."""
-        if not (torch.equal(obs.env_ids, chunk.env_ids) and torch.equal(chunk.env_ids, out.env_ids)):
+        if not (
+            torch.equal(obs.env_ids, chunk.env_ids) and torch.equal(chunk.env_ids, out.env_ids)
+        ):
             raise ValueError(
                 "Transition.join: env_ids differ between observation, action chunk and outcome; "
                 "a scheduler paired messages of different envs"

@@ -5,21 +5,28 @@ import torch
 from ebrl.config import validate
 from ebrl.schedulers.base import RunContext
 from ebrl.schedulers.sync import SyncScheduler
+from ebrl.stages import TrainStage
+from ebrl.stages.factory import StageFactory
 from ebrl.timeline import Timeline
-from ebrl.train import build_stages
+
+
+def context(cfg, tl=None):
+    run = validate(cfg)
+    return run, RunContext(
+        factory=StageFactory.from_config(cfg),
+        decisions_per_env=run.decisions_per_env,
+        env_groups=run.env_groups,
+        timeline=tl or Timeline(),
+    )
 
 
 def test_sync_schedule_order_versions_and_segments(tiny_cfg):
-    cfg = tiny_cfg()
-    run = validate(cfg)
-    stages = build_stages(cfg, run)
     tl = Timeline()
-    ctx = RunContext(stages=stages, decisions_per_env=run.decisions_per_env, timeline=tl)
+    run, ctx = context(tiny_cfg(), tl)
     gen = SyncScheduler().run(ctx)
     reports = [next(gen) for _ in range(3)]
     gen.close()
     assert [r.iteration for r in reports] == [0, 1, 2]
-    assert stages.train.version == 3 and stages.gen.version == 3
     # strictly sequential: each iteration is T gen calls, each followed by sims, then train+sync
     names = [s.stage for s in tl.spans]
     T = run.decisions_per_env
@@ -32,20 +39,17 @@ def test_sync_schedule_order_versions_and_segments(tiny_cfg):
         assert r.env_steps > 0
 
 
-def test_sync_segments_follow_each_env(tiny_cfg):
+def test_sync_segments_follow_each_env(tiny_cfg, monkeypatch):
     """obs[t+1] of an env is the next_obs its own outcome at t produced (no mixing)."""
-    cfg = tiny_cfg()
-    run = validate(cfg)
-    stages = build_stages(cfg, run)
+    _run, ctx = context(tiny_cfg())
     seen = []
-    orig = stages.train.train
+    orig = TrainStage.train
 
-    def spy(seg):
+    def spy(self, seg):
         seen.append(seg)
-        return orig(seg)
+        return orig(self, seg)
 
-    stages.train.train = spy
-    ctx = RunContext(stages=stages, decisions_per_env=run.decisions_per_env, timeline=Timeline())
+    monkeypatch.setattr(TrainStage, "train", spy)
     gen = SyncScheduler().run(ctx)
     next(gen)
     next(gen)
@@ -58,5 +62,7 @@ def test_sync_segments_follow_each_env(tiny_cfg):
         assert torch.equal(seg.obs[:, :, 0], seg.env_ids.float().expand(seg.shape))
     # the second segment continues where the first stopped
     a, b = seen
-    assert torch.equal(b.obs[0][~(a.terminated[-1] | a.truncated[-1])],
-                       a.final_obs[-1][~(a.terminated[-1] | a.truncated[-1])])
+    assert torch.equal(
+        b.obs[0][~(a.terminated[-1] | a.truncated[-1])],
+        a.final_obs[-1][~(a.terminated[-1] | a.truncated[-1])],
+    )

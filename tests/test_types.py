@@ -36,7 +36,7 @@ def decision(env_ids, version=0, t=0):
 
 
 def test_join_refuses_mixed_envs():
-    obs, chunk, out = decision([0, 1])
+    obs, chunk, _out = decision([0, 1])
     _, _, other = decision([1, 0])
     with pytest.raises(ValueError, match="env_ids differ"):
         Transition.join(obs, chunk, other)

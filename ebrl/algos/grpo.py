@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import copy
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -162,9 +164,11 @@ class GRPO:
         cfg: hyperparameters.
     """
 
-    def __init__(self, policy: Policy, cfg: GRPOConfig) -> None:
+    def __init__(self, policy: Policy, cfg: GRPOConfig | Mapping[str, Any]) -> None:
         self.policy = policy
-        self.cfg = cfg
+        # a plain mapping comes from configs that crossed a process boundary as containers
+        self.cfg = cfg if isinstance(cfg, GRPOConfig) else GRPOConfig(**cfg)
+        cfg = self.cfg
         self.optimizer = torch.optim.Adam(policy.parameters(), lr=cfg.lr, eps=cfg.adam_eps)
         self.reference: Policy | None = None
         if cfg.kl_coef > 0:

@@ -7,7 +7,9 @@ correct for stale data from asynchronous schedulers; see :mod:`ebrl.algos.loss`.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -69,9 +71,11 @@ class PPO:
         cfg: hyperparameters.
     """
 
-    def __init__(self, policy: Policy, cfg: PPOConfig) -> None:
+    def __init__(self, policy: Policy, cfg: PPOConfig | Mapping[str, Any]) -> None:
         self.policy = policy
-        self.cfg = cfg
+        # a plain mapping comes from configs that crossed a process boundary as containers
+        self.cfg = cfg if isinstance(cfg, PPOConfig) else PPOConfig(**cfg)
+        cfg = self.cfg
         self.optimizer = torch.optim.Adam(policy.parameters(), lr=cfg.lr, eps=cfg.adam_eps)
 
     def update(self, seg: Segment) -> dict[str, float]:

@@ -50,10 +50,27 @@ class Policy(nn.Module):
 
     # -- shared ---------------------------------------------------------------------------------
     @torch.no_grad()
-    def act(self, batch: Observation, deterministic: bool = False) -> ActionChunk:
-        """Sample an action chunk per observation (the generator's call)."""
+    def act(
+        self,
+        batch: Observation,
+        deterministic: bool = False,
+        noise: torch.Tensor | None = None,
+    ) -> ActionChunk:
+        """Sample an action chunk per observation (the generator's call).
+
+        Args:
+            batch: observations ``[B, O]``.
+            deterministic: act with the mean.
+            noise: standard-normal draws ``[B, K, A]`` to sample with (``mean + std * noise``);
+                lets the caller make each env's samples independent of how envs were batched.
+        """
         d = self.dist(batch.obs)
-        a = d.mean if deterministic else d.sample()
+        if deterministic:
+            a = d.mean
+        elif noise is not None:
+            a = d.mean + d.stddev * noise
+        else:
+            a = d.sample()
         return ActionChunk(
             actions=a,
             logprob=d.log_prob(a).sum(dim=(1, 2)),

@@ -8,6 +8,7 @@ nothing per-step goes through the driver or through Ray's control plane.
 
 from __future__ import annotations
 
+import contextlib
 import secrets
 import socket
 import threading
@@ -16,6 +17,7 @@ from multiprocessing.connection import Client, Connection, Listener, wait
 from typing import Any
 
 Address = tuple[str, int]
+
 
 def new_authkey() -> bytes:
     """One secret per run, handed to workers with their peers' addresses."""
@@ -80,10 +82,8 @@ class Inbox:
 
     def close(self) -> None:
         self._closed = True
-        try:
+        with contextlib.suppress(OSError):
             self._listener.close()
-        except OSError:
-            pass
         with self._lock:
             for c in self._conns:
                 c.close()

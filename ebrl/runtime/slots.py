@@ -9,6 +9,7 @@ rows inside the message instead. Both have one interface: ``put_* -> payload``, 
 
 from __future__ import annotations
 
+import contextlib
 import uuid
 from dataclasses import dataclass
 from multiprocessing import shared_memory
@@ -18,6 +19,7 @@ import numpy as np
 import torch
 
 from ebrl.types import ActionChunk
+
 
 def _layout(obs_dim: int, k: int, a: int) -> dict[str, tuple[tuple[int, ...], Any]]:
     """field -> (shape after the env axis, dtype)."""
@@ -47,7 +49,9 @@ class ShmSlots:
         self._shm: list[shared_memory.SharedMemory] = []
         self.arrays: dict[str, np.ndarray] = {}
         self._owner = create
-        for field, (shape, dtype) in _layout(spec.obs_dim, spec.chunk_size, spec.action_dim).items():
+        for field, (shape, dtype) in _layout(
+            spec.obs_dim, spec.chunk_size, spec.action_dim
+        ).items():
             full = (spec.num_envs, *shape)
             nbytes = max(1, int(np.prod(full)) * np.dtype(dtype).itemsize)
             name = f"{spec.name}_{field}"
@@ -93,10 +97,8 @@ class ShmSlots:
         for shm in self._shm:
             shm.close()
             if self._owner:
-                try:
+                with contextlib.suppress(FileNotFoundError):
                     shm.unlink()
-                except FileNotFoundError:
-                    pass
         self._shm.clear()
 
 

@@ -14,8 +14,8 @@ from typing import Protocol
 
 import torch
 
-from ebrl.rollout import EpisodeStats, SegmentBuilder
 from ebrl.stages import GenStage, SimStage, TrainStage
+from ebrl.stages.factory import StageFactory
 from ebrl.timeline import Timeline
 from ebrl.types import Observation
 
@@ -50,9 +50,25 @@ class IterationReport:
 
 @dataclass
 class RunContext:
-    stages: Stages
-    decisions_per_env: int  # T: decisions each env contributes to one segment
+    """What a scheduler gets: how to build the stages, the shape of the run, a shared clock.
+
+    Attributes:
+        factory: builds the sim/gen/train stages wherever the scheduler places them.
+        decisions_per_env: T, decisions each env contributes to one segment.
+        env_groups: G, env groups (the unit of pipelining and of lock-step batching).
+        timeline: where every stage span of the run is recorded.
+    """
+
+    factory: StageFactory
+    decisions_per_env: int
+    env_groups: int
     timeline: Timeline
+
+    def build_local(self) -> Stages:
+        """All stages in this process, one sim stage per env group."""
+        sims = [self.factory.sim(ids) for ids in self.factory.env_partition(self.env_groups)]
+        factory = self.factory.with_spec(sims[0].group.spec)
+        return Stages(sims=sims, gen=factory.gen(), train=factory.train())
 
 
 class Scheduler(Protocol):
@@ -65,5 +81,9 @@ def cat_obs(parts: list[Observation]) -> Observation:
     )
 
 
-def new_builder(ctx: RunContext) -> tuple[SegmentBuilder, EpisodeStats]:
-    return SegmentBuilder(ctx.stages.env_ids, ctx.decisions_per_env), EpisodeStats()
+class StageError(RuntimeError):
+    """A stage failed or its worker died; names the stage. The run's data so far is kept."""
+
+    def __init__(self, stage: str, detail: str) -> None:
+        super().__init__(f"stage '{stage}' failed: {detail}")
+        self.stage = stage

@@ -11,7 +11,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from ebrl.schedulers.base import IterationReport, RunContext, cat_obs, new_builder
+from ebrl.rollout import EpisodeStats, SegmentBuilder
+from ebrl.schedulers.base import IterationReport, RunContext, cat_obs
 from ebrl.types import Observation, Transition
 
 
@@ -20,8 +21,17 @@ class SyncScheduler:
     """Lock-step rollout then training, in the calling process."""
 
     def run(self, ctx: RunContext) -> Iterator[IterationReport]:
-        st, tl = ctx.stages, ctx.timeline
-        builder, episodes = new_builder(ctx)
+        st = ctx.build_local()
+        builder = SegmentBuilder(st.env_ids, ctx.decisions_per_env)
+        episodes = EpisodeStats()
+        try:
+            yield from self._loop(st, ctx, builder, episodes)
+        finally:
+            for s in st.sims:
+                s.close()
+
+    def _loop(self, st, ctx: RunContext, builder: SegmentBuilder, episodes: EpisodeStats):
+        tl = ctx.timeline
         with tl.span("sim", "sim"):
             obs = cat_obs([s.reset() for s in st.sims])
         it = 0
@@ -48,4 +58,3 @@ class SyncScheduler:
             metrics.update(episodes.drain())
             yield IterationReport(iteration=it, env_steps=seg.num_steps, metrics=metrics)
             it += 1
-

@@ -11,23 +11,41 @@ from ebrl.types import ActionChunk, Observation
 class GenStage:
     """Runs the acting policy. Holds its own copy of the weights, stamped with a version.
 
+    Sampling noise comes from one random stream per env (seeded by the run seed and the env id),
+    so an env's actions do not depend on which other envs shared its batch: the same run gives
+    the same trajectories under any scheduler's batching.
+
     Args:
         policy: the acting copy (never the learner's module: weights arrive by :meth:`load`).
         threads: torch intra-op threads while generating (None leaves torch's setting).
+        seed: run seed for the per-env noise streams.
     """
 
-    def __init__(self, policy: Policy, threads: int | None = None) -> None:
+    def __init__(self, policy: Policy, threads: int | None = None, seed: int = 0) -> None:
         self.policy = policy.eval()
         self.threads = threads
+        self.seed = seed
+        self._rng: dict[int, torch.Generator] = {}
+        k, a = policy.spec.chunk_size, policy.spec.action_dim
+        self._shape = (k, a)
 
     @property
     def version(self) -> int:
         return self.policy.version
 
+    def _noise(self, env_ids: torch.Tensor) -> torch.Tensor:  # [B, K, A]
+        rows = []
+        for e in env_ids.tolist():
+            g = self._rng.get(e)
+            if g is None:
+                g = self._rng[e] = torch.Generator().manual_seed(self.seed * 1_000_003 + e)
+            rows.append(torch.randn(self._shape, generator=g))
+        return torch.stack(rows)
+
     def generate(self, batch: Observation) -> ActionChunk:
         if self.threads:
             torch.set_num_threads(self.threads)
-        return self.policy.act(batch)
+        return self.policy.act(batch, noise=self._noise(batch.env_ids))
 
     def load(self, version: int, weights: dict[str, torch.Tensor]) -> None:
         """Install the learner's weights (a no-op if this version is already loaded)."""
