@@ -94,7 +94,7 @@ def main() -> None:
         lines.append(
             f"| {name} ({' '.join(CONFIGS[name][0])}) | {len(rs)} "
             f"| {fmt([r['success_rate'] for r in rs], '.3f')} "
-            f"| {' '.join(f'{r['success_rate']:.2f}' for r in rs)} "
+            f"| {' '.join(format(r['success_rate'], '.2f') for r in rs)} "
             f"| {fmt([r['steps_to_80'] for r in rs], '.0f')} "
             f"| {fmt([r['time_to_80'] for r in rs], '.0f')} "
             f"| {fmt([r['throughput_e2e'] for r in rs], '.0f')} |"
@@ -112,7 +112,7 @@ def main() -> None:
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
         "seeds": seeds,
         "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
-        "success_rate": "training episodes' success over the last 10% of updates (stochastic policy)",
+        "success_rate": "training episodes' success, last 10% of updates (stochastic policy)",
     }
     (out / "table.md").write_text(
         f"# Learning on PushCube-v1\n\n{table}\n\n```json\n{json.dumps(prov, indent=2)}\n```\n"
