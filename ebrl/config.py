@@ -64,6 +64,9 @@ class CountingSim:
     obs_dim: int = 4
     action_dim: int = 2
     delay_s: float = 0.0
+    delay_jitter_s: float = 0.0
+    fail_after_steps: int | None = None
+    fail_mode: str = "raise"
 
 
 # --- policies ---------------------------------------------------------------------------------
@@ -105,6 +108,38 @@ class GRPONode:
 @dataclass
 class SyncSchedulerNode:
     _target_: str = "ebrl.schedulers.sync.SyncScheduler"
+
+
+class BackendKind(StrEnum):
+    ray = "ray"
+    inprocess = "inprocess"
+
+
+@dataclass
+class EBRLSchedulerNode:
+    """EBRL's asynchronous pipelined scheduler; each level switchable (see its docstring)."""
+
+    _target_: str = "ebrl.schedulers.ebrl.EBRLScheduler"
+    #: ray: one process per worker; inprocess: threads (tests, debugging)
+    backend: BackendKind = BackendKind.ray
+    #: env worker processes
+    sim_workers: int = 2
+    #: level 1: rollout of the next segment overlaps training on this one
+    overlap: bool = True
+    #: k: the acting policy is at most k versions behind the learner (0..8)
+    staleness: int = 1
+    #: level 2: pipeline the run's env_groups (off: one group)
+    pipeline: bool = True
+    #: level 3: envs advance and are batched one by one (first M of N)
+    step_level: bool = True
+    #: M of "first M of N" (None: half a group)
+    batch_min: int | None = None
+    #: ms a ready env waits for M others before the generator acts anyway
+    batch_timeout_ms: float = 5.0
+    #: Ray address: "local" starts a private instance; "auto" or ray://... joins a cluster
+    ray_address: str = "local"
+    #: Ray custom resources per role ("sim", "gen", "learner") for multi-node placement
+    resources: dict[str, dict[str, float]] | None = None
 
 
 # --- run --------------------------------------------------------------------------------------
@@ -184,6 +219,7 @@ def register() -> None:
         ("algo", "ppo_schema", PPONode),
         ("algo", "grpo_schema", GRPONode),
         ("scheduler", "sync_schema", SyncSchedulerNode),
+        ("scheduler", "ebrl_schema", EBRLSchedulerNode),
     ]:
         cs.store(group=group, name=name, node=node)
 
@@ -220,6 +256,14 @@ def validate(cfg: DictConfig) -> RunConfig:
             "that divide "
             f"num_envs={run.num_envs}",
         )
+    if isinstance(run.scheduler, EBRLSchedulerNode):
+        sch = run.scheduler
+        _check(0 <= sch.staleness <= 8, f"scheduler.staleness={sch.staleness}: must be 0..8")
+        _check(
+            1 <= sch.sim_workers <= run.num_envs,
+            f"scheduler.sim_workers={sch.sim_workers}: must be between 1 and num_envs",
+        )
+        _check(sch.batch_timeout_ms >= 0, "scheduler.batch_timeout_ms must be >= 0")
     if isinstance(run.simulator, SyntheticSim):
         _check(run.simulator.step_cost_ms >= 0, "simulator.step_cost_ms must be >= 0")
         _check(run.simulator.tail_ratio >= 1.0, "simulator.tail_ratio (P99/mean) must be >= 1")

@@ -96,18 +96,28 @@ class EpisodeStats:
                 self.lengths.append(self._len.pop(e))
                 self.successes.append(self._succ.pop(e))
 
+    def take(self) -> dict[str, list]:
+        """The raw per-episode lists since the last take (for merging across workers)."""
+        out = {"returns": self.returns, "lengths": self.lengths, "successes": self.successes}
+        self.returns, self.lengths, self.successes = [], [], []
+        return out
+
     def drain(self) -> dict[str, float]:
         """Metrics over the episodes finished since the last drain (empty if none)."""
-        if not self.returns:
+        return self.merge([self.take()])
+
+    @staticmethod
+    def merge(parts: list[dict[str, list]]) -> dict[str, float]:
+        """Metrics over the episodes of several :meth:`take` results (empty if none)."""
+        rets = [r for p in parts for r in p["returns"]]
+        if not rets:
             return {}
-        n = len(self.returns)
-        m = {
+        lens = [x for p in parts for x in p["lengths"]]
+        succ = [x for p in parts for x in p["successes"]]
+        n = len(rets)
+        return {
             "env/episodes": float(n),
-            "env/success_rate": sum(self.successes) / n,
-            "env/return": sum(self.returns) / n,
-            "env/episode_len": sum(self.lengths) / n,
+            "env/success_rate": sum(succ) / n,
+            "env/return": sum(rets) / n,
+            "env/episode_len": sum(lens) / n,
         }
-        self.returns.clear()
-        self.lengths.clear()
-        self.successes.clear()
-        return m

@@ -66,6 +66,10 @@ class ActionChunk:
         """Rows ``a:b`` (a view, no copy)."""
         return _map(self, lambda t: t[a:b])
 
+    def select(self, index: Tensor) -> Self:
+        """Rows ``index`` ([M] int64), in that order."""
+        return _map(self, lambda t: t[index])
+
 
 @dataclass(kw_only=True, slots=True)
 class ChunkOutcome:

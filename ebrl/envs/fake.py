@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 
 import numpy as np
@@ -42,6 +43,10 @@ class CountingEnv:
         action_dim: action size (>= 1).
         max_steps: time limit; truncates episodes longer than it (None: no limit).
         delay_s: seconds slept per step, to give schedulers something to overlap.
+        delay_jitter_s: plus a uniform random ``[0, delay_jitter_s)`` per step (seeded by the env
+            id), for randomized stage timings in scheduler tests.
+        fail_after_steps: fail on this step (counted over the env's life), to test failures:
+        fail_mode: ``"raise"`` a RuntimeError, or ``"exit"`` the whole process (a dead worker).
     """
 
     def __init__(
@@ -53,6 +58,9 @@ class CountingEnv:
         *,
         max_steps: int | None = None,
         delay_s: float = 0.0,
+        delay_jitter_s: float = 0.0,
+        fail_after_steps: int | None = None,
+        fail_mode: str = "raise",
     ) -> None:
         if obs_dim < 4 or action_dim < 1:
             raise ValueError("CountingEnv needs obs_dim >= 4 and action_dim >= 1")
@@ -60,6 +68,12 @@ class CountingEnv:
         self.episode_len = 3 + env_id % 4 if episode_len is None else episode_len
         self.max_steps = max_steps
         self.delay_s = delay_s
+        self.delay_jitter_s = delay_jitter_s
+        self._jitter = np.random.default_rng(env_id)
+        self.fail_after_steps = fail_after_steps
+        if fail_mode not in ("raise", "exit"):
+            raise ValueError(f"fail_mode={fail_mode!r}: choose 'raise' or 'exit'")
+        self.fail_mode = fail_mode
         limit = self.episode_len if max_steps is None else min(self.episode_len, max_steps)
         self.spec = EnvSpec(obs_dim=obs_dim, action_dim=action_dim, max_episode_steps=limit)
         #: every seed passed to reset, in order (tests check reset-seed streams with it)
@@ -86,8 +100,15 @@ class CountingEnv:
         """Advance one step; stepping past the episode's end is an error (the caller must reset)."""
         if self._t >= self.spec.max_episode_steps:
             raise RuntimeError(f"CountingEnv {self.env_id}: step after the episode ended")
-        if self.delay_s > 0:
-            time.sleep(self.delay_s)
+        if self.fail_after_steps is not None and self.steps_total >= self.fail_after_steps:
+            if self.fail_mode == "exit":
+                os._exit(17)  # a crash: no exception, no cleanup, the process is gone
+            raise RuntimeError(f"CountingEnv {self.env_id}: injected failure")
+        delay = self.delay_s
+        if self.delay_jitter_s > 0:
+            delay += float(self._jitter.uniform(0.0, self.delay_jitter_s))
+        if delay > 0:
+            time.sleep(delay)
         a0 = float(action[0])
         self._t += 1
         self._sum += a0

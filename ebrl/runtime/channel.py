@@ -9,6 +9,7 @@ nothing per-step goes through the driver or through Ray's control plane.
 from __future__ import annotations
 
 import contextlib
+import pickle
 import secrets
 import socket
 import threading
@@ -72,7 +73,7 @@ class Inbox:
             for c in ready:
                 try:
                     while c.poll():
-                        out.append(c.recv())
+                        out.append(pickle.loads(c.recv_bytes()))
                 except (EOFError, OSError):  # the sender went away
                     with self._lock:
                         if c in self._conns:
@@ -107,8 +108,11 @@ class Outbox:
         self._lock = threading.Lock()
 
     def send(self, msg: Any) -> None:
+        # plain pickle: torch registers fd-sharing reducers with multiprocessing's pickler,
+        # which only work between a parent and its children
+        data = pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL)
         with self._lock:
-            self._conn.send(msg)
+            self._conn.send_bytes(data)
 
     def close(self) -> None:
         self._conn.close()

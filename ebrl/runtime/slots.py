@@ -10,6 +10,7 @@ rows inside the message instead. Both have one interface: ``put_* -> payload``, 
 from __future__ import annotations
 
 import contextlib
+import os
 import uuid
 from dataclasses import dataclass
 from multiprocessing import shared_memory
@@ -39,6 +40,7 @@ class SlotSpec:
     chunk_size: int
     action_dim: int
     name: str = ""  # shared-memory name prefix ("" for inline)
+    owner_pid: int = 0  # the creating process (it alone registers the segments for cleanup)
 
 
 class ShmSlots:
@@ -56,8 +58,8 @@ class ShmSlots:
             nbytes = max(1, int(np.prod(full)) * np.dtype(dtype).itemsize)
             name = f"{spec.name}_{field}"
             shm = shared_memory.SharedMemory(name=name, create=create, size=nbytes if create else 0)
-            if not create:
-                # attaching processes must not let Python's resource tracker unlink the segment
+            if not create and os.getpid() != spec.owner_pid:
+                # another process's tracker would unlink the segment when that process exits
                 _untrack(shm)
             self._shm.append(shm)
             self.arrays[field] = np.ndarray(full, dtype=dtype, buffer=shm.buf)
@@ -65,7 +67,8 @@ class ShmSlots:
     @classmethod
     def create(cls, num_envs: int, obs_dim: int, chunk_size: int, action_dim: int) -> ShmSlots:
         name = f"ebrl_{uuid.uuid4().hex[:12]}"
-        return cls(SlotSpec(num_envs, obs_dim, chunk_size, action_dim, name), create=True)
+        spec = SlotSpec(num_envs, obs_dim, chunk_size, action_dim, name, os.getpid())
+        return cls(spec, create=True)
 
     def put_obs(self, env_ids: np.ndarray, obs: np.ndarray) -> None:
         self.arrays["obs"][env_ids] = obs

@@ -1,0 +1,166 @@
+"""Where workers run: Ray actors (one process each, any node of a Ray cluster) or threads.
+
+Both backends give the same handle: ``open()`` (build the stage, return the inbox address and
+whatever else the worker reports), ``start(peers)`` (enter the loop), ``poll()`` (None while
+running; raises what the worker raised, or a clear error if its process died), ``stop()``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from concurrent.futures import Future
+from typing import Any, Protocol
+
+log = logging.getLogger(__name__)
+
+
+class WorkerDied(RuntimeError):
+    """The worker's process is gone (killed, out of memory, segfault in a simulator)."""
+
+
+class Handle(Protocol):
+    name: str
+
+    def open(self) -> Any: ...
+    def start(self, *args: Any) -> None: ...
+    def poll(self) -> bool: ...
+    def stop(self) -> None: ...
+
+
+class Backend(Protocol):
+    def spawn(self, name: str, cls: type, *args: Any, resources: dict | None = None) -> Handle: ...
+    def shutdown(self) -> None: ...
+
+
+# --- in-process -------------------------------------------------------------------------------
+class ThreadHandle:
+    def __init__(self, name: str, obj: Any) -> None:
+        self.name, self.obj = name, obj
+        self.future: Future = Future()
+        self.thread: threading.Thread | None = None
+
+    def open(self) -> Any:
+        return self.obj.open()
+
+    def start(self, *args: Any) -> None:
+        def body() -> None:
+            try:
+                self.obj.run(*args)
+                self.future.set_result(None)
+            except BaseException as e:  # delivered to the driver through poll()
+                self.future.set_exception(e)
+
+        self.thread = threading.Thread(target=body, name=f"ebrl-{self.name}", daemon=True)
+        self.thread.start()
+
+    def poll(self) -> bool:
+        """True once the loop has returned; re-raises its exception."""
+        if not self.future.done():
+            return False
+        self.future.result()
+        return True
+
+    def stop(self) -> None:
+        if self.thread is not None:
+            self.thread.join(timeout=10)
+
+
+class InProcessBackend:
+    """Every worker a thread of this process: for tests and debugging (pdb works)."""
+
+    def spawn(
+        self, name: str, cls: type, *args: Any, resources: dict | None = None
+    ) -> ThreadHandle:
+        return ThreadHandle(name, cls(*args))
+
+    def shutdown(self) -> None:
+        pass
+
+
+# --- Ray --------------------------------------------------------------------------------------
+class RayHandle:
+    def __init__(self, name: str, actor: Any) -> None:
+        import ray
+
+        self._ray = ray
+        self.name, self.actor = name, actor
+        self.ref = None
+
+    def open(self) -> Any:
+        return self._ray.get(self.actor.open.remote())
+
+    def start(self, *args: Any) -> None:
+        self.ref = self.actor.run.remote(*args)
+
+    def poll(self) -> bool:
+        ray = self._ray
+        if self.ref is None:
+            return False
+        done, _ = ray.wait([self.ref], timeout=0)
+        if not done:
+            return False
+        try:
+            ray.get(self.ref)
+        except ray.exceptions.RayActorError as e:
+            raise WorkerDied(f"the process of worker '{self.name}' died: {e}") from None
+        except ray.exceptions.RayTaskError as e:
+            raise e.as_instanceof_cause() from None
+        return True
+
+    def stop(self) -> None:
+        try:
+            if self.ref is not None:
+                self._ray.wait([self.ref], timeout=5)
+        finally:
+            self._ray.kill(self.actor, no_restart=True)
+
+
+class RayBackend:
+    """Workers as Ray actors; joins the cluster at ``address`` or starts a local one.
+
+    Args:
+        address: ``"local"`` starts a private Ray instance (never joins a running one by
+            accident); ``"auto"`` or ``ray://host:port`` join a cluster.
+        num_cpus: logical CPUs for a local instance (default: this machine's).
+    """
+
+    def __init__(self, address: str = "local", num_cpus: int | None = None) -> None:
+        import ray
+
+        self._ray = ray
+        self._started = False
+        if not ray.is_initialized():
+            env = {"env_vars": {k: v for k, v in os.environ.items() if k == "VK_ICD_FILENAMES"}}
+            ray.init(
+                address=address,
+                include_dashboard=False,
+                num_cpus=num_cpus or os.cpu_count(),
+                log_to_driver=True,
+                logging_level=logging.WARNING,
+                runtime_env=env,
+            )
+            self._started = True
+        self.handles: list[RayHandle] = []
+
+    def spawn(self, name: str, cls: type, *args: Any, resources: dict | None = None) -> RayHandle:
+        # num_cpus=0: placement and pinning are the resource manager's job, not Ray's CPU slots
+        opts: dict[str, Any] = {"num_cpus": 0, "name": None, "max_restarts": 0}
+        if resources:
+            opts["resources"] = dict(resources)
+        actor = self._ray.remote(cls).options(**opts).remote(*args)
+        h = RayHandle(name, actor)
+        self.handles.append(h)
+        return h
+
+    def shutdown(self) -> None:
+        for h in self.handles:
+            try:
+                self._ray.kill(h.actor, no_restart=True)
+            except Exception:  # already dead
+                pass
+        self.handles.clear()
+        if self._started:
+            self._ray.shutdown()
+            self._started = False

@@ -1,0 +1,78 @@
+"""Messages between the EBRL workers. Small and typed; per-step rows ride in ``payload`` only when
+the slots are inline (a worker on another machine), else they sit in shared memory."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ebrl.timeline import Span
+from ebrl.types import Segment
+
+
+@dataclass(slots=True)
+class Ready:
+    """env worker -> gen: these envs' next observations are in their slots."""
+
+    env_ids: np.ndarray  # [M] int64
+    payload: Any = None
+
+
+@dataclass(slots=True)
+class Go:
+    """gen -> env worker: these envs' action chunks are in their slots."""
+
+    env_ids: np.ndarray  # [M] int64
+    payload: Any = None
+
+
+@dataclass(slots=True)
+class Part:
+    """env worker -> learner: one worker's share (its envs x T decisions) of segment ``index``."""
+
+    index: int
+    worker: int
+    segment: Segment
+    episodes: dict[str, list] = field(default_factory=dict)  # returns / lengths / successes
+
+
+@dataclass(slots=True)
+class Weights:
+    """learner -> gen: new policy weights."""
+
+    version: int
+    state: dict[str, Any]
+
+
+@dataclass(slots=True)
+class Report:
+    """learner -> driver: one update done."""
+
+    iteration: int
+    env_steps: int
+    metrics: dict[str, float]
+
+
+@dataclass(slots=True)
+class Telemetry:
+    """any worker -> driver: spans since the last message and gauges (queue depths, batches)."""
+
+    worker: str
+    spans: list[Span]
+    gauges: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class Failed:
+    """any worker -> driver: the stage raised; the driver re-raises it as a StageError."""
+
+    worker: str
+    error: str
+    traceback: str
+
+
+@dataclass(slots=True)
+class Stop:
+    """driver -> every worker: leave the loop."""

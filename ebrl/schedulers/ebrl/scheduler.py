@@ -1,0 +1,192 @@
+"""The EBRL asynchronous pipelined scheduler (DESIGN.md section 1a), driver side.
+
+Three levels, each switchable for the paper's ablation:
+
+1. ``overlap`` (inter-iteration overlap): rollout of segment i+1 runs while the learner trains on
+   segment i; the acting policy is at most ``staleness`` (k) versions behind the learner that
+   consumes the data. The generator enforces the bound when it picks envs to act for, the learner
+   re-checks every segment, and the loss corrects the lag (decoupled PPO). ``overlap=false`` means
+   k = 0: the rollout waits for each update.
+2. ``pipeline`` (env-group pipelining): each env worker's envs form G = ``env_groups`` groups; while
+   one group simulates, another's observations are on the generator. ``pipeline=false``: G = 1.
+3. ``step_level`` (step-level orchestration): every env advances on its own. The env worker reports
+   each env the moment its chunk is done; the generator acts on the first ``batch_min`` ready envs
+   (or whoever is ready after ``batch_timeout_ms``). ``step_level=false``: the generator waits for
+   a whole group and the env worker steps a group's chunks together.
+
+With all three off this is a synchronous schedule on the same worker processes, which is what the
+throughput benchmark compares EBRL against.
+
+The driver only wires workers, relays reports and merges telemetry: per-step data flows worker to
+worker (``ebrl.schedulers.ebrl.workers``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ebrl.runtime.backend import InProcessBackend, RayBackend
+from ebrl.runtime.channel import Inbox, Outbox, new_authkey, node_ip
+from ebrl.runtime.slots import ShmSlots, SlotSpec
+from ebrl.schedulers.base import IterationReport, RunContext, StageError
+from ebrl.schedulers.ebrl.messages import Failed, Report, Stop, Telemetry
+from ebrl.schedulers.ebrl.workers import EnvWorker, GenWorker, LearnerWorker, Plan
+
+log = logging.getLogger(__name__)
+
+
+def env_groups(workers: list[list[int]], groups: int) -> list[list[int]]:
+    """Group g = the g-th contiguous share of every worker's envs (so every worker has work
+    in every group, and alternating groups keeps every worker busy)."""
+    out: list[list[int]] = [[] for _ in range(groups)]
+    for ids in workers:
+        for g, part in enumerate(np.array_split(np.array(ids, dtype=np.int64), groups)):
+            out[g].extend(int(e) for e in part)
+    return [g for g in out if g]
+
+
+@dataclass
+class EBRLScheduler:
+    """Asynchronous pipelined scheduler. Config: ``conf/scheduler/ebrl.yaml``.
+
+    Args:
+        backend: ``ray`` (one process per worker) or ``inprocess`` (threads; tests, debugging).
+        sim_workers: env worker processes.
+        overlap: level 1.
+        staleness: k, 0..8 (forced to 0 when ``overlap`` is off).
+        pipeline: level 2 (G = the run's ``env_groups``; 1 when off).
+        step_level: level 3.
+        batch_min: M of "first M of N" (None: half a group).
+        batch_timeout_ms: how long a ready env waits for M to be reached.
+        ray_address: ``local`` (a private Ray instance) or a cluster address.
+        resources: Ray custom resources per role (``sim``, ``gen``, ``learner``) for placement.
+    """
+
+    backend: str = "ray"
+    sim_workers: int = 2
+    overlap: bool = True
+    staleness: int = 1
+    pipeline: bool = True
+    step_level: bool = True
+    batch_min: int | None = None
+    batch_timeout_ms: float = 5.0
+    ray_address: str = "local"
+    resources: dict[str, dict[str, float]] | None = None
+
+    def __post_init__(self) -> None:
+        if self.backend not in ("ray", "inprocess"):
+            raise ValueError(f"scheduler.backend={self.backend!r}: choose 'ray' or 'inprocess'")
+        if not 0 <= self.staleness <= 8:
+            raise ValueError(f"scheduler.staleness={self.staleness}: must be within 0..8")
+        if self.sim_workers < 1:
+            raise ValueError("scheduler.sim_workers must be >= 1")
+
+    @property
+    def k(self) -> int:
+        return self.staleness if self.overlap else 0
+
+    def plan(self, ctx: RunContext, slots: SlotSpec) -> Plan:
+        n = int(ctx.factory.cfg["num_envs"])
+        if self.sim_workers > n:
+            raise ValueError(f"scheduler.sim_workers={self.sim_workers} > num_envs={n}")
+        workers = ctx.factory.env_partition(self.sim_workers)
+        g = ctx.env_groups if self.pipeline else 1
+        groups = env_groups(workers, min(g, min(len(w) for w in workers)))
+        m = self.batch_min or max(1, math.ceil(n / len(groups) / 2))
+        return Plan(
+            workers=workers,
+            groups=groups,
+            decisions_per_env=ctx.decisions_per_env,
+            staleness=self.k,
+            step_level=self.step_level,
+            batch_min=m,
+            batch_timeout_s=self.batch_timeout_ms / 1000,
+            slots=slots,
+        )
+
+    def run(self, ctx: RunContext) -> Iterator[IterationReport]:
+        backend = (
+            InProcessBackend() if self.backend == "inprocess" else RayBackend(self.ray_address)
+        )
+        authkey, host = new_authkey(), node_ip()
+        inbox = Inbox(authkey)
+        slots: ShmSlots | None = None
+        handles: list = []
+        peers: dict[str, Any] = {"driver": inbox.address}
+        res = self.resources or {}
+        try:
+            factory = ctx.factory
+            workers = factory.env_partition(self.sim_workers)
+            for w, ids in enumerate(workers):
+                h = backend.spawn(
+                    f"sim{w}", EnvWorker, w, ids, factory, authkey, host, resources=res.get("sim")
+                )
+                handles.append(h)
+            # sim workers build their envs first: they report the spec the policy is built from
+            for w, h in enumerate(handles):
+                peers[f"sim{w}"], spec = h.open()
+            n, k = int(factory.cfg["num_envs"]), int(factory.cfg["chunk_size"])
+            slots = ShmSlots.create(n, spec.obs_dim, k, spec.action_dim)
+            plan = self.plan(ctx, slots.spec)
+            factory = factory.with_spec(spec)
+            for role, cls in (("gen", GenWorker), ("learner", LearnerWorker)):
+                h = backend.spawn(role, cls, factory, authkey, host, resources=res.get(role))
+                handles.append(h)
+                peers[role] = h.open()
+            for h in handles:
+                h.start(peers, plan)
+            yield from self._relay(inbox, handles, ctx, plan)
+        finally:
+            self._shutdown(inbox, handles, backend, slots, peers, authkey)
+
+    def _relay(self, inbox: Inbox, handles: list, ctx: RunContext, plan: Plan):
+        """Yield the learner's reports; merge telemetry; turn any failure into a StageError."""
+        gauges: dict[str, float] = {}
+        while True:
+            for m in inbox.recv(timeout=0.5):
+                if isinstance(m, Report):
+                    metrics = {**m.metrics, **gauges}
+                    metrics["pipeline/staleness_bound"] = float(plan.staleness)
+                    yield IterationReport(m.iteration, m.env_steps, metrics)
+                elif isinstance(m, Telemetry):
+                    for span in m.spans:
+                        ctx.timeline.add(span)
+                    gauges.update(m.gauges)
+                elif isinstance(m, Failed):
+                    raise StageError(
+                        m.worker, f"{m.error}\n--- worker traceback ---\n{m.traceback}"
+                    )
+            for h in handles:
+                try:
+                    finished = h.poll()
+                except Exception as e:
+                    raise StageError(h.name, f"{type(e).__name__}: {e}") from e
+                if finished:
+                    raise StageError(h.name, "the worker left its loop without being stopped")
+
+    def _shutdown(self, inbox, handles, backend, slots, peers, authkey) -> None:
+        """Stop every worker (politely, then by force), free the slots; never raises."""
+        for name, addr in peers.items():
+            if name == "driver":
+                continue
+            with contextlib.suppress(Exception):  # a dead worker cannot be told
+                out = Outbox(addr, authkey, retries=1)
+                out.send(Stop())
+                out.close()
+        for h in handles:
+            try:
+                h.stop()
+            except Exception as e:  # keep shutting the others down
+                log.warning("stopping %s: %s", h.name, e)
+        with contextlib.suppress(Exception):
+            backend.shutdown()
+        inbox.close()
+        if slots is not None:
+            slots.close()

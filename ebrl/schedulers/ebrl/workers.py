@@ -1,0 +1,351 @@
+"""The three EBRL worker loops. Each wraps one stage and decides nothing but when to call it.
+
+Every worker has the same life: ``open()`` builds its stage and its inbox and returns its address;
+``run(peers)`` connects to the peers' inboxes and loops until :class:`Stop`. The same classes run
+as Ray actors (one process each) or as threads (the in-process backend).
+
+Data path (DESIGN.md section 1a):
+
+    env worker --Ready(ids)--> gen --Go(ids)--> env worker      observations/chunks in slots
+    env worker --Part(segment share)--> learner --Weights--> gen
+    learner --Report--> driver;  everyone --Telemetry/Failed--> driver
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+import traceback
+from collections import OrderedDict, deque
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from ebrl.envs.base import EnvSpec
+from ebrl.rollout import EpisodeStats, SegmentBuilder
+from ebrl.runtime.channel import Address, Inbox, Outbox, node_ip
+from ebrl.runtime.slots import SlotSpec, open_slots
+from ebrl.schedulers.ebrl.messages import (
+    Failed,
+    Go,
+    Part,
+    Ready,
+    Report,
+    Stop,
+    Telemetry,
+    Weights,
+)
+from ebrl.stages.factory import StageFactory
+from ebrl.timeline import Timeline
+from ebrl.types import Observation, Segment, Transition
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The shape of one EBRL run, shared by every worker.
+
+    Attributes:
+        workers: env ids of each env worker (process).
+        groups: env ids of each env group (the lock-step unit when step_level is off).
+        decisions_per_env: T.
+        staleness: k, the bound on learner version minus acting version (0: no overlap).
+        step_level: level 3: envs advance and are batched one by one (first M of N).
+        batch_min: M, the generator acts once M eligible envs are ready ...
+        batch_timeout_s: ... or once the oldest ready env has waited this long.
+        slots: the shared slot arrays' layout and name.
+    """
+
+    workers: list[list[int]]
+    groups: list[list[int]]
+    decisions_per_env: int
+    staleness: int
+    step_level: bool
+    batch_min: int
+    batch_timeout_s: float
+    slots: SlotSpec
+
+    def owner(self) -> dict[int, int]:
+        return {e: w for w, ids in enumerate(self.workers) for e in ids}
+
+
+class _Worker:
+    """Inbox, driver link, local timeline and error reporting shared by the three loops.
+
+    Args:
+        factory: builds this worker's stage.
+        authkey: the run's channel secret.
+        driver_host: the driver's machine address (a worker elsewhere uses inline slots).
+    """
+
+    name = "worker"
+
+    def __init__(self, factory: StageFactory, authkey: bytes, driver_host: str) -> None:
+        self.factory = factory
+        self.authkey = authkey
+        self.driver_host = driver_host
+        self.timeline = Timeline()
+        self._sent_spans = 0
+        self._last_flush = 0.0
+
+    def _open_inbox(self) -> Address:
+        host = node_ip()
+        local = host == self.driver_host or host.startswith("127.")
+        self.inline = not local  # shared memory only reaches processes on the driver's machine
+        self.inbox = Inbox(
+            self.authkey,
+            host="127.0.0.1" if local else "0.0.0.0",
+            advertise="127.0.0.1" if local else host,
+        )
+        return self.inbox.address
+
+    def run(self, peers: dict[str, Address], plan: Plan) -> None:
+        """Connect to the peers and loop until Stop; any exception is reported, then raised."""
+        self.plan = plan
+        self.slots = open_slots(plan.slots, inline=self.inline)
+        self.driver = Outbox(peers["driver"], self.authkey)
+        try:
+            self._connect(peers)
+            self._loop()
+            self.flush(force=True)
+        except BaseException as e:
+            # if the driver is gone too, Ray still reports the exception
+            with contextlib.suppress(OSError):
+                tb = traceback.format_exc()
+                self.driver.send(Failed(self.name, f"{type(e).__name__}: {e}", tb))
+            raise
+        finally:
+            self.inbox.close()
+            self.slots.close()
+
+    def flush(self, gauges: dict[str, float] | None = None, force: bool = False) -> None:
+        """Send spans recorded since the last flush (at most every 0.25 s unless forced)."""
+        now = time.perf_counter()
+        if not force and now - self._last_flush < 0.25:
+            return
+        self._last_flush = now
+        spans = self.timeline.spans[self._sent_spans :]
+        self._sent_spans += len(spans)
+        self.driver.send(Telemetry(self.name, list(spans), gauges or {}))
+
+    def _connect(self, peers: dict[str, Address]) -> None: ...
+
+    def _loop(self) -> None: ...
+
+
+# --- simulation -------------------------------------------------------------------------------
+class EnvWorker(_Worker):
+    """Owns one env group's worth of envs (one process); steps chunks as they arrive."""
+
+    def __init__(
+        self, index: int, env_ids: list[int], factory: StageFactory, authkey: bytes, host: str
+    ) -> None:
+        super().__init__(factory, authkey, host)
+        self.index = index
+        self.name = f"sim{index}"
+        self.env_ids = env_ids
+
+    def open(self) -> tuple[Address, EnvSpec]:
+        self.stage = self.factory.sim(self.env_ids)
+        return self._open_inbox(), self.stage.group.spec
+
+    def _connect(self, peers: dict[str, Address]) -> None:
+        self.gen = Outbox(peers["gen"], self.authkey)
+        self.learner = Outbox(peers["learner"], self.authkey)
+
+    def _ready(self, ids: np.ndarray, obs: np.ndarray) -> None:
+        self.gen.send(Ready(ids, self.slots.put_obs(ids, obs)))
+
+    def _loop(self) -> None:
+        plan, tl = self.plan, self.timeline
+        builder = SegmentBuilder(self.env_ids, plan.decisions_per_env)
+        episodes = EpisodeStats()
+        with tl.span("sim", self.name, reset=1):
+            first = self.stage.reset()
+        last_obs = {int(e): first.obs[i] for i, e in enumerate(first.env_ids)}
+        mine = set(self.env_ids)
+        for group in plan.groups:  # first observations, group by group
+            ids = np.array([e for e in group if e in mine], dtype=np.int64)
+            if len(ids):
+                self._ready(ids, torch.stack([last_obs[int(e)] for e in ids]).numpy())
+        work: deque[Go] = deque()
+        seg_index = 0
+        while True:
+            for m in self.inbox.recv(timeout=0.0 if work else None):
+                if isinstance(m, Stop):
+                    return
+                work.append(m)
+            if not work:
+                continue
+            go = work.popleft()
+            chunk = self.slots.get_chunk(go.env_ids, go.payload)
+            units = (
+                [chunk.rows(i, i + 1) for i in range(len(chunk))]  # level 3: env by env
+                if plan.step_level
+                else [chunk]  # lock step: the whole group's chunks, then one Ready
+            )
+            for unit in units:
+                with tl.span("sim", self.name, batch=len(unit)):
+                    out = self.stage.step(unit)
+                ids = unit.env_ids.numpy()
+                self._ready(ids, out.next_obs.numpy())
+                obs = Observation(
+                    obs=torch.stack([last_obs[int(e)] for e in ids]), env_ids=unit.env_ids
+                )
+                builder.add(Transition.join(obs, unit, out))
+                episodes.update(out)
+                for i, e in enumerate(ids):
+                    last_obs[int(e)] = out.next_obs[i]
+                if plan.step_level:  # take new work in as soon as it arrives
+                    for m in self.inbox.recv(timeout=0.0):
+                        if isinstance(m, Stop):
+                            return
+                        work.append(m)
+            while builder.ready():
+                seg = builder.pop()
+                self.learner.send(Part(seg_index, self.index, seg, episodes.take()))
+                seg_index += 1
+            self.flush()
+
+
+# --- generation -------------------------------------------------------------------------------
+class GenWorker(_Worker):
+    """The generator: batches ready observations, acts, hands chunks back; enforces staleness."""
+
+    name = "gen"
+
+    def open(self) -> Address:
+        self.stage = self.factory.gen()
+        return self._open_inbox()
+
+    def _connect(self, peers: dict[str, Address]) -> None:
+        n = len(self.plan.workers)
+        self.envs = [Outbox(peers[f"sim{w}"], self.authkey) for w in range(n)]
+
+    def _eligible(self, e: int, decisions: np.ndarray) -> bool:
+        # the decision lands in segment decisions[e] // T, trained by learner version == that
+        # index; acting with version v keeps staleness <= k iff index - v <= k
+        return (
+            decisions[e] // self.plan.decisions_per_env - self.plan.staleness <= self.stage.version
+        )
+
+    def _pick(self, ready: OrderedDict[int, float], decisions: np.ndarray) -> list[int]:
+        plan = self.plan
+        eligible = [e for e in ready if self._eligible(e, decisions)]
+        if not eligible:
+            return []
+        if not plan.step_level:  # whole groups only: the lock-step barrier of levels 1-2
+            return [
+                e for g in plan.groups if all(x in ready and x in eligible for x in g) for e in g
+            ]
+        waited = time.perf_counter() - ready[eligible[0]]
+        if len(eligible) >= plan.batch_min or waited >= plan.batch_timeout_s:
+            return eligible
+        return []
+
+    def _loop(self) -> None:
+        plan, tl = self.plan, self.timeline
+        owner = plan.owner()
+        ready: OrderedDict[int, float] = OrderedDict()  # env id -> when it became ready
+        payload: dict[int, np.ndarray] = {}  # inline slots only
+        decisions = np.zeros(plan.slots.num_envs, dtype=np.int64)
+        batches = sizes = depth = 0.0
+        while True:
+            batch = self._pick(ready, decisions)
+            if not batch:
+                eligible = [e for e in ready if self._eligible(e, decisions)]
+                timeout = None
+                if eligible:  # wait out the batching timeout of the oldest eligible env
+                    timeout = max(
+                        0.0, plan.batch_timeout_s - (time.perf_counter() - ready[eligible[0]])
+                    )
+                msgs = self.inbox.recv(timeout=timeout if timeout is None else timeout + 1e-4)
+                for m in msgs:
+                    if isinstance(m, Stop):
+                        return
+                    if isinstance(m, Weights):
+                        with tl.span("load", self.name, version=m.version):
+                            self.stage.load(m.version, m.state)
+                    elif isinstance(m, Ready):
+                        now = time.perf_counter()
+                        for i, e in enumerate(m.env_ids.tolist()):
+                            ready[e] = now
+                            if m.payload is not None:
+                                payload[e] = m.payload[i]
+                continue
+            ids = np.array(batch, dtype=np.int64)
+            depth += len(ready)
+            obs = (
+                np.stack([payload.pop(e) for e in batch])
+                if self.inline
+                else self.slots.get_obs(ids)
+            )
+            with tl.span("gen", self.name, batch=len(ids)):
+                chunk = self.stage.generate(
+                    Observation(obs=torch.from_numpy(obs), env_ids=torch.from_numpy(ids))
+                )
+            for e in batch:
+                del ready[e]
+            decisions[ids] += 1
+            batches += 1
+            sizes += len(ids)
+            by_worker: dict[int, list[int]] = {}
+            for row, e in enumerate(batch):
+                by_worker.setdefault(owner[e], []).append(row)
+            for w, rows in by_worker.items():
+                part = chunk.select(torch.tensor(rows))
+                self.envs[w].send(Go(part.env_ids.numpy(), self.slots.put_chunk(part)))
+            self.flush(
+                {
+                    "pipeline/gen_batch_mean": sizes / batches,
+                    "pipeline/ready_depth_mean": depth / batches,
+                    "pipeline/gen_version": float(self.stage.version),
+                }
+            )
+
+
+# --- training ---------------------------------------------------------------------------------
+class StalenessError(RuntimeError):
+    """A segment held data older than the bound allows (a scheduler bug, never tolerated)."""
+
+
+class LearnerWorker(_Worker):
+    """Assembles segments from the env workers' parts, trains, publishes weights."""
+
+    name = "learner"
+
+    def open(self) -> Address:
+        self.stage = self.factory.train()
+        return self._open_inbox()
+
+    def _connect(self, peers: dict[str, Address]) -> None:
+        self.gen = Outbox(peers["gen"], self.authkey)
+
+    def _loop(self) -> None:
+        plan, tl = self.plan, self.timeline
+        n_workers = len(plan.workers)
+        parts: dict[int, dict[int, Part]] = {}
+        index = 0
+        while True:
+            for m in self.inbox.recv(timeout=None):
+                if isinstance(m, Stop):
+                    return
+                if isinstance(m, Part):
+                    parts.setdefault(m.index, {})[m.worker] = m
+            while len(parts.get(index, {})) == n_workers:
+                got = parts.pop(index)
+                seg = Segment.cat_envs([got[w].segment for w in range(n_workers)])
+                stale = int((self.stage.version - seg.policy_version).max())
+                if stale > plan.staleness:
+                    raise StalenessError(
+                        f"segment {index} holds data {stale} versions old; "
+                        f"the bound is {plan.staleness}"
+                    )
+                with tl.span("train", self.name, steps=seg.num_steps):
+                    metrics = self.stage.train(seg)
+                with tl.span("sync", self.name):
+                    self.gen.send(Weights(*self.stage.weights()))
+                metrics.update(EpisodeStats.merge([got[w].episodes for w in range(n_workers)]))
+                self.driver.send(Report(index, seg.num_steps, metrics))
+                self.flush(force=True)
+                index += 1

@@ -1,0 +1,152 @@
+"""The EBRL scheduler on the deterministic fake env (in-process backend unless said otherwise)."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from ebrl.config import validate
+from ebrl.schedulers.base import RunContext, StageError
+from ebrl.schedulers.ebrl import EBRLScheduler
+from ebrl.stages import TrainStage
+from ebrl.stages.factory import StageFactory
+from ebrl.timeline import Timeline
+
+from .conftest import TINY, make_cfg
+
+LEVELS = list(itertools.product([False, True], repeat=3))  # overlap, pipeline, step_level
+
+
+def context(cfg):
+    run = validate(cfg)
+    ctx = RunContext(
+        factory=StageFactory.from_config(cfg),
+        decisions_per_env=run.decisions_per_env,
+        env_groups=run.env_groups,
+        timeline=Timeline(),
+    )
+    return run, ctx
+
+
+def collect(cfg, sched: EBRLScheduler, iterations: int, monkeypatch, train_delay: float = 0.0):
+    """Run ``iterations`` updates; return the reports and every segment the learner trained on."""
+    segments = []
+    orig = TrainStage.train
+
+    def spy(self, seg):
+        segments.append((self.version, seg))
+        if train_delay:
+            import time
+
+            time.sleep(train_delay)
+        return orig(self, seg)
+
+    monkeypatch.setattr(TrainStage, "train", spy)
+    _, ctx = context(cfg)
+    gen = sched.run(ctx)
+    try:
+        reports = [next(gen) for _ in range(iterations)]
+    finally:
+        gen.close()
+    return reports, segments, ctx
+
+
+def fake_cfg(extra=()):
+    return make_cfg(
+        [*TINY, "num_envs=6", "env_groups=2", "scheduler=ebrl", "tracking.enabled=false", *extra]
+    )
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=list(HealthCheck))
+@given(
+    k=st.integers(0, 8),
+    levels=st.sampled_from(LEVELS),
+    jitter=st.sampled_from([0.0, 0.0005, 0.002]),
+    train_delay=st.sampled_from([0.0, 0.01, 0.05]),
+)
+def test_staleness_bound_holds_under_random_delays(k, levels, jitter, train_delay):
+    overlap, pipeline, step_level = levels
+    cfg = fake_cfg([f"simulator.delay_jitter_s={jitter}"])
+    sched = EBRLScheduler(
+        backend="inprocess",
+        sim_workers=2,
+        overlap=overlap,
+        staleness=k,
+        pipeline=pipeline,
+        step_level=step_level,
+        batch_timeout_ms=1.0,
+    )
+    with pytest.MonkeyPatch.context() as mp:
+        reports, segments, _ = collect(cfg, sched, 4, mp, train_delay)
+    bound = k if overlap else 0
+    assert len(segments) >= 4
+    for version, seg in segments:
+        assert int((version - seg.policy_version).max()) <= bound
+        assert int((version - seg.policy_version).min()) >= 0
+    for r in reports:
+        assert r.metrics["pipeline/staleness_max"] <= bound
+
+
+@pytest.mark.parametrize("overlap,pipeline,step_level", LEVELS)
+def test_no_transition_lost_duplicated_or_reordered(overlap, pipeline, step_level, monkeypatch):
+    """Every env's decisions form one unbroken, ordered history across all segments."""
+    cfg = fake_cfg(["simulator.delay_jitter_s=0.0005"])
+    sched = EBRLScheduler(
+        backend="inprocess",
+        overlap=overlap,
+        staleness=2,
+        pipeline=pipeline,
+        step_level=step_level,
+        batch_timeout_ms=1.0,
+    )
+    _, segments, _ = collect(cfg, sched, 4, monkeypatch)
+    env_ids = segments[0][1].env_ids
+    assert env_ids.tolist() == list(range(6))
+    obs = torch.cat([s.obs for _, s in segments])  # [4T, N, O]
+    final = torch.cat([s.final_obs for _, s in segments])
+    done = torch.cat([s.terminated | s.truncated for _, s in segments])
+    ep = torch.cat([s.episode_id for _, s in segments])
+    step = torch.cat([s.episode_step for _, s in segments])
+    n_steps = torch.cat([s.n_steps for _, s in segments])
+    actions = torch.cat([s.actions for _, s in segments])  # [4T, N, K, A]
+    # CountingEnv obs: [env id, resets so far, t in episode, running sum of action[0]]
+    assert torch.equal(obs[:, :, 0], env_ids.float().expand(obs.shape[:2]))
+    for t in range(obs.shape[0] - 1):
+        cont = ~done[t]
+        # the next decision starts where this one ended (nothing lost, nothing doubled)
+        assert torch.equal(obs[t + 1][cont], final[t][cont])
+        assert torch.equal(ep[t + 1], ep[t] + done[t].long())
+        assert torch.equal(step[t + 1], torch.where(done[t], 0, step[t] + n_steps[t]))
+    # actions were applied in order: the running sum moved by exactly the executed action[0]s
+    k = actions.shape[2]
+    executed = (actions[..., 0] * (torch.arange(k) < n_steps[..., None])).sum(-1)
+    assert torch.allclose(final[:, :, 3] - obs[:, :, 3], executed, atol=1e-4)
+
+
+def test_levels_shape_the_schedule(monkeypatch):
+    """All levels off: no gen runs while the learner trains. Overlap on: they do overlap."""
+    cfg = fake_cfg(["simulator.delay_s=0.001"])
+    off = EBRLScheduler(backend="inprocess", overlap=False, pipeline=False, step_level=False)
+    _, _, ctx = collect(cfg, off, 3, monkeypatch, train_delay=0.05)
+    trains = [s for s in ctx.timeline.spans if s.stage == "train"]
+    sims = [s for s in ctx.timeline.spans if s.stage == "sim" and s.args != (("reset", 1),)]
+    for tr in trains:
+        assert not any(s.start < tr.end and s.end > tr.start for s in sims)
+    on = EBRLScheduler(backend="inprocess", overlap=True, staleness=1)
+    _, _, ctx = collect(cfg, on, 3, monkeypatch, train_delay=0.05)
+    trains = [s for s in ctx.timeline.spans if s.stage == "train"]
+    sims = [s for s in ctx.timeline.spans if s.stage == "sim"]
+    assert any(s.start < tr.end and s.end > tr.start for tr in trains for s in sims)
+
+
+def test_stage_exception_names_the_stage():
+    cfg = fake_cfg(["simulator.fail_after_steps=5"])
+    sched = EBRLScheduler(backend="inprocess")
+    _, ctx = context(cfg)
+    with pytest.raises(StageError, match=r"stage 'sim\d' failed: RuntimeError: .*injected failure"):
+        for _ in sched.run(ctx):
+            pass
