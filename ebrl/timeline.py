@@ -37,30 +37,45 @@ class Timeline:
         self.t0 = time.perf_counter()
         self.spans: list[Span] = []
         self.busy: dict[str, float] = {}
+        self.cpu: dict[str, float] = {}
         self.max_spans = max_spans
         self._lock = threading.Lock()
 
     def add(self, span: Span) -> None:
         with self._lock:
             self.busy[span.stage] = self.busy.get(span.stage, 0.0) + (span.end - span.start)
+            cpu = dict(span.args).get("cpu")
+            if cpu is not None:
+                self.cpu[span.stage] = self.cpu.get(span.stage, 0.0) + float(cpu)
             if len(self.spans) < self.max_spans:
                 self.spans.append(span)
 
     @contextmanager
     def span(self, stage: str, track: str, **args: float | int | str) -> Iterator[None]:
-        start = time.perf_counter()
+        """Record a stage call. ``cpu`` (process CPU seconds during the span) is added to its
+        args: in a process that runs one stage, that is the stage's real work, whatever the
+        contention for cores (wall time is not)."""
+        start, cpu = time.perf_counter(), time.process_time()
         try:
             yield
         finally:
+            args["cpu"] = time.process_time() - cpu
             self.add(Span(stage, track, start, time.perf_counter(), tuple(args.items())))
 
-    def covered(self, since: float | None = None, stages: tuple[str, ...] | None = None) -> float:
-        """Seconds of wall time (after ``since``) covered by at least one span of ``stages``."""
+    def covered(
+        self,
+        since: float | None = None,
+        until: float | None = None,
+        stages: tuple[str, ...] | None = None,
+    ) -> float:
+        """Seconds of wall time in ``[since, until]`` covered by at least one span of ``stages``."""
+        lo = float("-inf") if since is None else since
+        hi = float("inf") if until is None else until
         with self._lock:
             iv = sorted(
-                (max(s.start, since or s.start), s.end)
+                (max(s.start, lo), min(s.end, hi))
                 for s in self.spans
-                if (stages is None or s.stage in stages) and s.end > (since or s.start)
+                if (stages is None or s.stage in stages) and s.end > lo and s.start < hi
             )
         total, cur_s, cur_e = 0.0, None, None
         for s, e in iv:

@@ -56,8 +56,10 @@ class Summary:
     #: first wall-clock second / env step at which the success rate reached 0.8 (None: never)
     time_to_80: float | None = None
     steps_to_80: int | None = None
-    #: seconds each stage was busy, and the fraction of wall time covered by no stage
+    #: seconds each stage was busy (wall) and the CPU seconds its process used meanwhile
     stage_busy_s: dict[str, float] = field(default_factory=dict)
+    stage_cpu_s: dict[str, float] = field(default_factory=dict)
+    #: steady state: fraction of wall time in which no stage (sim, gen, train, sync) ran
     overhead_frac: float = 0.0
     status: str = "FINISHED"
 
@@ -150,10 +152,12 @@ def train(cfg: DictConfig) -> Summary:
     bar = _progress(run)
     t_start = time.perf_counter()
     t_steady, steps_steady = t_start, 0
+    t_last = t_start  # when the last report arrived: shutdown time is not throughput time
     gen = scheduler.run(ctx)
     try:
         for rep in gen:
-            now = time.perf_counter() - t_start
+            t_last = time.perf_counter()
+            now = t_last - t_start
             summary.iterations = rep.iteration + 1
             summary.env_steps += rep.env_steps
             if rep.iteration + 1 == run.warmup_iters:
@@ -164,6 +168,8 @@ def train(cfg: DictConfig) -> Summary:
             m["throughput/env_steps_per_s"] = summary.env_steps / max(now, 1e-9)
             for stage, busy in timeline.busy.items():
                 m[f"time/{stage}/busy_s"] = busy
+            for stage, cpu in timeline.cpu.items():
+                m[f"time/{stage}/cpu_s"] = cpu
             if "env/success_rate" in m:
                 success_hist.append(m["env/success_rate"])
                 if summary.time_to_80 is None and m["env/success_rate"] >= 0.8:
@@ -186,17 +192,19 @@ def train(cfg: DictConfig) -> Summary:
         gen.close()
         if bar is not None:
             bar.close()
-        wall = time.perf_counter() - t_start
+        wall = t_last - t_start
         summary.wall_s = wall
         summary.throughput_overall = summary.env_steps / max(wall, 1e-9)
-        steady_s = time.perf_counter() - t_steady
+        steady_s = t_last - t_steady
         summary.throughput_e2e = (summary.env_steps - steps_steady) / max(steady_s, 1e-9)
         if summary.iterations <= run.warmup_iters:
             summary.throughput_e2e = summary.throughput_overall
         tail = success_hist[-max(1, math.ceil(len(success_hist) * 0.1)) :]
         summary.success_rate = float(np.mean(tail)) if tail else float("nan")
         summary.stage_busy_s = dict(timeline.busy)
-        summary.overhead_frac = max(0.0, 1.0 - timeline.covered(t_start) / max(wall, 1e-9))
+        summary.stage_cpu_s = dict(timeline.cpu)
+        covered = timeline.covered(t_steady, until=t_last)
+        summary.overhead_frac = max(0.0, 1.0 - covered / max(steady_s, 1e-9))
         _write_outputs(run_dir, rows, summary, timeline, tracker, curve_path)
     return summary
 

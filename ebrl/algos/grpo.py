@@ -174,12 +174,12 @@ class GRPO:
         if cfg.kl_coef > 0:
             self.reference = copy.deepcopy(policy).requires_grad_(False)
 
-    def _ref_kl(self, obs: Tensor):
+    def _ref_kl(self, obs: Tensor, actions: Tensor):
         """Extra-loss closure: kl_coef * KL(current || reference), exact for Gaussians."""
 
         def fn(d: torch.distributions.Normal, idx: Tensor) -> tuple[Tensor, float]:
             with torch.no_grad():
-                ref = self.reference.dist(obs[idx])  # loc/scale [b, K, A]
+                ref = self.reference.dist(obs[idx], actions[idx])  # loc/scale [b, K, A]
             kl = torch.distributions.kl_divergence(d, ref).sum(dim=(1, 2)).mean()  # []
             return self.cfg.kl_coef * kl, kl.item()
 
@@ -200,7 +200,7 @@ class GRPO:
         obs = seg.obs.flatten(0, 1)[mask]  # [B, O], valid decisions only
         actions = seg.actions.flatten(0, 1)[mask]  # [B, K, A]
         with torch.no_grad():
-            prox = policy.dist(obs).log_prob(actions).sum(dim=(1, 2))  # [B]
+            prox = policy.dist(obs, actions).log_prob(actions).sum(dim=(1, 2))  # [B]
         behav = seg.logprob.flatten()[mask]  # [B]
         batch = FlatBatch(
             obs=obs,
@@ -218,7 +218,7 @@ class GRPO:
             cfg,
             target_kl=cfg.effective_target_kl(policy.spec.chunk_size),
             vf_coef=0.0,
-            extra_loss=self._ref_kl(obs) if self.reference is not None else None,
+            extra_loss=self._ref_kl(obs, actions) if self.reference is not None else None,
         )
         policy.version += 1
         return {

@@ -165,7 +165,7 @@ def sgd_update(
         for idx in torch.tensor_split(perm, cfg.num_minibatches):
             if idx.numel() == 0:
                 continue
-            d = policy.dist(batch.obs[idx])  # loc/scale [b, K, A]
+            d = policy.dist(batch.obs[idx], batch.actions[idx])  # loc/scale [b, K, A]
             logprob = d.log_prob(batch.actions[idx]).sum(dim=(1, 2))  # [b]
             entropy = d.entropy().sum(dim=(1, 2))  # [b]
             adv = batch.advantages[idx]  # [b]

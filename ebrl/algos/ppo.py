@@ -94,7 +94,9 @@ class PPO:
             # values are old, and the proximal weights are what the update starts from.
             value = policy.value(flat_obs).view(t_len, n)  # [T, N]
             next_value = policy.value(seg.final_obs.flatten(0, 1)).view(t_len, n)  # [T, N]
-            prox = policy.dist(flat_obs).log_prob(flat_actions).sum(dim=(1, 2))  # [T*N]
+            prox = (
+                policy.dist(flat_obs, flat_actions).log_prob(flat_actions).sum(dim=(1, 2))
+            )  # [T*N]
 
         ret, discount = chunk_returns(seg.reward, seg.n_steps, cfg.gamma)  # [T, N] each
         done = seg.terminated | seg.truncated  # [T, N]

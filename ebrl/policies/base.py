@@ -41,9 +41,22 @@ class Policy(nn.Module):
         self.version = 0
 
     # -- to implement ---------------------------------------------------------------------------
-    def dist(self, obs: torch.Tensor) -> torch.distributions.Normal:
-        """Per-dimension Gaussian over the chunk: loc/scale ``[B, K, A]``."""
+    def dist(
+        self, obs: torch.Tensor, actions: torch.Tensor | None = None
+    ) -> torch.distributions.Normal:
+        """Per-dimension Gaussian over the chunk: loc/scale ``[B, K, A]``.
+
+        ``actions [B, K, A]``: the chunk being scored. Policies that decode a chunk action by
+        action (autoregressive) need it to condition action j on actions < j (teacher forcing);
+        others ignore it.
+        """
         raise NotImplementedError
+
+    def decode(self, obs: torch.Tensor, noise: torch.Tensor) -> torch.distributions.Normal:
+        """Generate: the chunk's Gaussian, sampling as it goes where a policy decodes action by
+        action. The default is one pass (parallel decoding); ``noise [B, K, A]`` draws the sample
+        ``mean + std * noise`` that :meth:`act` returns."""
+        return self.dist(obs)
 
     def value(self, obs: torch.Tensor) -> torch.Tensor:  # [B]
         raise NotImplementedError
@@ -64,13 +77,14 @@ class Policy(nn.Module):
             noise: standard-normal draws ``[B, K, A]`` to sample with (``mean + std * noise``);
                 lets the caller make each env's samples independent of how envs were batched.
         """
-        d = self.dist(batch.obs)
+        if noise is None:
+            noise = torch.randn(
+                batch.obs.shape[0], self.spec.chunk_size, self.spec.action_dim
+            )  # [B, K, A]
         if deterministic:
-            a = d.mean
-        elif noise is not None:
-            a = d.mean + d.stddev * noise
-        else:
-            a = d.sample()
+            noise = torch.zeros_like(noise)
+        d = self.decode(batch.obs, noise)
+        a = d.mean + d.stddev * noise
         return ActionChunk(
             actions=a,
             logprob=d.log_prob(a).sum(dim=(1, 2)),
@@ -81,7 +95,7 @@ class Policy(nn.Module):
 
     def evaluate(self, obs: torch.Tensor, actions: torch.Tensor) -> Evaluation:
         """Log-prob, entropy and value of given chunks, with gradients (the learner's call)."""
-        d = self.dist(obs)
+        d = self.dist(obs, actions)
         return Evaluation(
             logprob=d.log_prob(actions).sum(dim=(1, 2)),
             entropy=d.entropy().sum(dim=(1, 2)),

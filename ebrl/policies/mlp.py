@@ -50,7 +50,9 @@ class MLPPolicy(Policy):
         self.critic = tanh_mlp(spec.obs_dim, 1, hidden, layers, head_std=1.0)
         self.log_std = nn.Parameter(torch.full((k, a), float(log_std_init)))  # [K, A]
 
-    def dist(self, obs: torch.Tensor) -> torch.distributions.Normal:
+    def dist(
+        self, obs: torch.Tensor, actions: torch.Tensor | None = None
+    ) -> torch.distributions.Normal:
         """Gaussian over the chunk; ``obs [B, O]`` -> loc/scale ``[B, K, A]``."""
         k, a = self.spec.chunk_size, self.spec.action_dim
         mean = self.actor(obs).view(-1, k, a)  # [B, K, A]

@@ -2,9 +2,16 @@
 
 The flat state observation stands in for a VLA's vision-language tokens: it is cut into
 ``obs_tokens`` pieces, each embedded by a shared linear layer plus a learned position embedding.
-K learned action-query tokens are appended, a pre-LN encoder mixes all tokens, and a linear
-action-chunk head reads one action mean from each query's output (as ACT / OpenVLA-OFT style
-parallel decoding does). The critic is a separate MLP on the raw observation: value learning from
+K action tokens follow, a pre-LN encoder mixes all tokens, and a linear head reads one action
+mean from each action token. Two decodings, as VLAs have:
+
+- ``autoregressive`` (the default; OpenVLA's shape): action j is generated from the observation
+  and actions < j, so generation runs K passes (no KV cache: each pass recomputes its prefix, as a
+  cache-less VLA server does) while training scores a whole chunk in one teacher-forced pass with
+  a causal mask. Generation then costs a multiple of a training forward pass, as it does for VLAs.
+- ``parallel`` (ACT / OpenVLA-OFT): K learned queries, one pass for both.
+
+The log-prob of a chunk is the sum of its actions' conditional Gaussian log-probs either way. The critic is a separate MLP on the raw observation: value learning from
 the shared trunk is unstable at these sizes and the critic is not what we are measuring.
 """
 
@@ -18,15 +25,15 @@ from torch import nn
 from ebrl.policies.base import Policy, PolicySpec
 from ebrl.policies.mlp import layer_init, tanh_mlp
 
-#: size name -> (d_model, layers, heads). Chosen from act() timings on this machine's CPU (one
-#: torch thread, K=4, A=8, O=35): one decision of 16 envs costs ~75 ms of PushCube simulation, and
-#: act() on 16 observations costs ~1.5 ms (S, 2% of sim), ~7 ms (M, 10%), ~68 ms (L, ~90%: the
-#: size where generation costs about as much as simulation). d=256 x 6 layers sits between M and L
-#: (~27 ms); use the explicit overrides for it.
+#: size name -> (d_model, layers, heads). Chosen from timings on this machine's CPU (one torch
+#: thread, K=4, A=8, O=35, autoregressive decoding): one decision of 16 envs costs ~70 ms of
+#: PushCube simulation; act() on 16 observations costs ~7 ms (S), ~25 ms (M) and ~65 ms (L: the
+#: size where generation costs about as much as simulation, as VLA generation does on GPUs).
+#: Training one minibatch of 200 chunks: ~50 ms (S), ~240 ms (M), ~600 ms (L).
 SIZES: dict[str, tuple[int, int, int]] = {
     "S": (64, 2, 4),
     "M": (128, 4, 4),
-    "L": (384, 8, 6),
+    "L": (192, 6, 6),
 }
 
 
@@ -40,6 +47,7 @@ class TransformerPolicy(Policy):
         layers: override the preset's encoder depth.
         heads: override the preset's attention heads (must divide d_model).
         obs_tokens: tokens the observation is cut into (zero-padded to a multiple).
+        decoding: ``"autoregressive"`` or ``"parallel"`` (see the module docstring).
         log_std_init: initial log standard deviation of every action dimension.
         critic_hidden: width of the critic MLP.
         critic_layers: hidden layers of the critic MLP.
@@ -54,6 +62,7 @@ class TransformerPolicy(Policy):
         layers: int | None = None,
         heads: int | None = None,
         obs_tokens: int = 8,
+        decoding: str = "autoregressive",
         log_std_init: float = -0.5,
         critic_hidden: int = 256,
         critic_layers: int = 3,
@@ -74,6 +83,19 @@ class TransformerPolicy(Policy):
         self.obs_embed = nn.Linear(self.token_dim, d)
         self.obs_pos = nn.Parameter(torch.randn(self.obs_tokens, d) * 0.02)  # [S, d]
         self.action_queries = nn.Parameter(torch.randn(k, d) * 0.02)  # [K, d]
+        decoding = str(getattr(decoding, "value", decoding))
+        if decoding not in ("autoregressive", "parallel"):
+            raise ValueError(f"TransformerPolicy: decoding={decoding!r}: autoregressive|parallel")
+        self.autoregressive = decoding == "autoregressive" and k > 1
+        # autoregressive: token j carries the previous action (a learned start token for j = 0)
+        self.prev_action = nn.Linear(a, d)
+        self.start = nn.Parameter(torch.randn(d) * 0.02)  # [d]
+        s_ = self.obs_tokens
+        mask = torch.zeros(s_ + k, s_ + k, dtype=torch.bool)  # True = may not attend
+        if self.autoregressive:
+            mask[:s_, s_:] = True  # observation tokens never see actions
+            mask[s_:, s_:] = torch.triu(torch.ones(k, k, dtype=torch.bool), diagonal=1)
+        self.register_buffer("attn_mask", mask, persistent=False)
         layer = nn.TransformerEncoderLayer(
             d_model=d,
             nhead=n_heads,
@@ -95,19 +117,61 @@ class TransformerPolicy(Policy):
         self.log_std = nn.Parameter(torch.full((k, a), float(log_std_init)))  # [K, A]
         self.d_model, self.num_layers, self.num_heads = d, n_layers, n_heads
 
-    def _tokens(self, obs: torch.Tensor) -> torch.Tensor:  # [B, S + K, d]
+    def _tokens(self, obs: torch.Tensor, prev: torch.Tensor | None) -> torch.Tensor:
+        """Observation tokens + action tokens -> ``[B, S + J, d]``.
+
+        ``prev [B, J - 1, A]``: actions before tokens 1..J-1 (autoregressive); None: all K tokens
+        are bare queries (parallel decoding).
+        """
         b = obs.shape[0]
         x = nn.functional.pad(obs, (0, self.pad))  # [B, S * P]
         x = self.obs_embed(x.view(b, self.obs_tokens, self.token_dim)) + self.obs_pos  # [B, S, d]
-        q = self.action_queries.unsqueeze(0).expand(b, -1, -1)  # [B, K, d]
+        if prev is None:
+            q = self.action_queries.unsqueeze(0).expand(b, -1, -1)  # [B, K, d]
+        else:
+            j = prev.shape[1] + 1
+            carry = torch.cat(
+                [self.start.expand(b, 1, -1), self.prev_action(prev)], dim=1
+            )  # [B, J, d]
+            q = self.action_queries[:j].unsqueeze(0) + carry  # [B, J, d]
         return torch.cat([x, q], dim=1)
 
-    def dist(self, obs: torch.Tensor) -> torch.distributions.Normal:
-        """Gaussian over the chunk; ``obs [B, O]`` -> loc/scale ``[B, K, A]``."""
-        k = self.spec.chunk_size
-        h = self.encoder(self._tokens(obs))  # [B, S + K, d]
-        mean = self.action_head(h[:, -k:])  # [B, K, A]
-        return torch.distributions.Normal(mean, self.log_std.exp().expand_as(mean))
+    def _means(self, obs: torch.Tensor, prev: torch.Tensor | None) -> torch.Tensor:
+        tokens = self._tokens(obs, prev)  # [B, S + J, d]
+        n = tokens.shape[1]
+        h = self.encoder(tokens, mask=self.attn_mask[:n, :n])  # [B, S + J, d]
+        return self.action_head(h[:, self.obs_tokens :])  # [B, J, A]
+
+    def _normal(self, mean: torch.Tensor) -> torch.distributions.Normal:
+        k = mean.shape[1]
+        return torch.distributions.Normal(mean, self.log_std[:k].exp().expand_as(mean))
+
+    def dist(
+        self, obs: torch.Tensor, actions: torch.Tensor | None = None
+    ) -> torch.distributions.Normal:
+        """Gaussian over the chunk; ``obs [B, O]`` -> loc/scale ``[B, K, A]``.
+
+        Autoregressive: the means of action j given ``actions[:, :j]`` (one teacher-forced pass).
+        """
+        if not self.autoregressive:
+            return self._normal(self._means(obs, None))
+        if actions is None:
+            raise ValueError("autoregressive TransformerPolicy.dist needs the chunk's actions")
+        return self._normal(self._means(obs, actions[:, :-1]))
+
+    def decode(self, obs: torch.Tensor, noise: torch.Tensor) -> torch.distributions.Normal:
+        """Generate action by action: K passes, each sampling ``mean + std * noise[:, j]``."""
+        if not self.autoregressive:
+            return self.dist(obs)
+        std = self.log_std.exp()  # [K, A]
+        actions = obs.new_zeros(obs.shape[0], 0, self.spec.action_dim)  # [B, 0, A]
+        means = []
+        for j in range(self.spec.chunk_size):
+            mean_j = self._means(obs, actions)[:, -1]  # [B, A]
+            means.append(mean_j)
+            a_j = mean_j + std[j] * noise[:, j]  # [B, A]
+            actions = torch.cat([actions, a_j.unsqueeze(1)], dim=1)
+        return self._normal(torch.stack(means, dim=1))
 
     def value(self, obs: torch.Tensor) -> torch.Tensor:  # [B]
         """Critic value of ``obs [B, O]``."""
