@@ -11,7 +11,8 @@ mean from each action token. Two decodings, as VLAs have:
   a causal mask. Generation then costs a multiple of a training forward pass, as it does for VLAs.
 - ``parallel`` (ACT / OpenVLA-OFT): K learned queries, one pass for both.
 
-The log-prob of a chunk is the sum of its actions' conditional Gaussian log-probs either way. The critic is a separate MLP on the raw observation: value learning from
+The log-prob of a chunk is the sum of its actions' conditional Gaussian log-probs either way.
+The critic is a separate MLP on the raw observation: value learning from
 the shared trunk is unstable at these sizes and the critic is not what we are measuring.
 """
 
