@@ -126,7 +126,10 @@ class _Worker:
         self._last_flush = now
         spans = self.timeline.spans[self._sent_spans :]
         self._sent_spans += len(spans)
-        self.driver.send(Telemetry(self.name, list(spans), gauges or {}))
+        g = dict(gauges or {})
+        # the whole process's CPU: minus the stage spans' CPU, what the engine itself costs
+        g[f"resource/{self.name}/cpu_s"] = time.process_time()
+        self.driver.send(Telemetry(self.name, list(spans), g))
 
     def _connect(self, peers: dict[str, Address]) -> None: ...
 

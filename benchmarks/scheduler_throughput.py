@@ -1,0 +1,199 @@
+"""Synchronous scheduling against EBRL, side by side, on the embedded default workload.
+
+One invocation runs every configuration for every seed (seed-major, so slow drifts of a shared
+machine hit all configurations alike), each as its own ``python -m ebrl.train`` process, and prints:
+
+- end-to-end throughput (env steps consumed by training per second, steady state) per
+  configuration: mean and 95% bootstrap CI over seeds;
+- EBRL's ratio to each synchronous configuration, with a paired bootstrap 95% CI;
+- each level's contribution (cumulative ablation: levels off -> +overlap -> +pipeline -> +step);
+- EBRL's efficiency against the pipeline bound from measured stage costs (below);
+- the engine's own overhead: wall time in which no stage ran, and worker CPU spent outside stages.
+
+Pipeline bound: over the steady-state window, each stage's CPU seconds are its work. No schedule on
+C cores can beat ``max(total work / C, gen work, train work, sim work / sim workers)`` per window
+(total work spread over every core; a single-process stage can't be split), so
+``bound = steps / that`` and ``efficiency = achieved / bound``.
+
+Usage: python benchmarks/scheduler_throughput.py [--seeds 0,1,2] [--iterations 10] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from analysis.stats import bootstrap_ci, ratio_ci  # noqa: E402
+from ebrl.tracking import git_commit, machine  # noqa: E402
+
+#: the embedded default: PushCube-v1 on CPU physics, the VLA-shaped transformer (size L:
+#: generation ~ simulation), action chunks of 4, 16 envs in 2 groups, 2 PPO epochs per update
+WORKLOAD = [
+    "simulator=pushcube",
+    "policy=transformer_l",
+    "chunk_size=4",
+    "num_envs=16",
+    "env_groups=2",
+    "algo.cfg.update_epochs=2",
+    "algo.cfg.num_minibatches=2",
+]
+OFF = ["scheduler.overlap=false", "scheduler.pipeline=false", "scheduler.step_level=false"]
+#: name -> overrides. "sync" is the in-process synchronous scheduler; "sync-workers" the same
+#: lock-step schedule on EBRL's worker processes (all levels off), the stronger of the two.
+CONFIGS: dict[str, list[str]] = {
+    "sync": ["scheduler=sync", "threads.gen=1", "threads.train=2"],
+    "sync-workers": ["scheduler=ebrl", *OFF, "threads.train=2"],
+    "+overlap": [
+        "scheduler=ebrl",
+        "scheduler.pipeline=false",
+        "scheduler.step_level=false",
+        "threads.train=1",
+    ],
+    "+pipeline": ["scheduler=ebrl", "scheduler.step_level=false", "threads.train=1"],
+    "ebrl": ["scheduler=ebrl", "threads.train=1"],
+}
+SYNC = ("sync", "sync-workers")
+
+
+def run(name: str, seed: int, iters: int, warmup: int, out: Path) -> dict:
+    run_dir = out / "runs" / f"{name}-s{seed}"
+    cmd = [
+        sys.executable,
+        "-m",
+        "ebrl.train",
+        *WORKLOAD,
+        *CONFIGS[name],
+        f"seed={seed}",
+        f"budget.iterations={iters}",
+        f"warmup_iters={warmup}",
+        "budget.env_steps=100000000",
+        f"run_dir={run_dir}",
+        "tracking.experiment=bench-scheduler",
+        "progress=false",
+    ]
+    subprocess.run(cmd, check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
+    s = json.loads((run_dir / "summary.json").read_text())
+    rows = list(csv.DictReader((run_dir / "metrics.csv").open()))
+    s.update(config=name, seed=seed, command=" ".join(cmd[1:]))
+    s.update(bound_and_overhead(rows, warmup, sim_workers=2 if name != "sync" else 1))
+    print(
+        f"  {name:13s} seed {seed}: {s['throughput_e2e']:7.1f} steps/s "
+        f"(bound {s['bound']:.0f}, glue cpu {s['glue_cpu_frac']:.3f})",
+        flush=True,
+    )
+    return s
+
+
+def bound_and_overhead(rows: list[dict], warmup: int, sim_workers: int) -> dict:
+    """Pipeline bound and the engine's CPU outside stages, over the steady-state window."""
+    a, b = rows[max(0, warmup - 1)], rows[-1]
+
+    def d(key: str) -> float:
+        return float(b.get(key) or 0) - float(a.get(key) or 0)
+
+    steps = d("env/steps_total")
+    cpu = {st: d(f"time/{st}/cpu_s") for st in ("sim", "gen", "train", "sync", "load")}
+    cores = os.cpu_count() or 1
+    work = sum(cpu.values())
+    t_bound = max(work / cores, cpu["gen"], cpu["train"], cpu["sim"] / sim_workers)
+    procs = [k for k in b if k.startswith("resource/") and k.endswith("/cpu_s")]
+    proc_cpu = sum(d(k) for k in procs)
+    return {
+        "bound": steps / t_bound if t_bound > 0 else float("nan"),
+        "stage_cpu_window": cpu,
+        "glue_cpu_frac": (1 - work / proc_cpu) if proc_cpu > 0 else float("nan"),
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--seeds", default="0,1,2")
+    ap.add_argument("--iterations", type=int, default=10)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--configs", default=",".join(CONFIGS))
+    ap.add_argument(
+        "--out", default=str(ROOT / "results" / "scheduler" / time.strftime("%Y-%m-%d"))
+    )
+    args = ap.parse_args()
+    seeds = [int(s) for s in args.seeds.split(",")]
+    names = args.configs.split(",")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    rows = [run(n, s, args.iterations, args.warmup, out) for s in seeds for n in names]
+
+    def tp(name: str) -> np.ndarray:
+        return np.array(
+            [
+                r["throughput_e2e"]
+                for r in sorted(rows, key=lambda r: r["seed"])
+                if r["config"] == name
+            ]
+        )
+
+    lines = ["| configuration | end-to-end env steps/s, mean [95% CI] | seeds |", "|---|---|---|"]
+    for n in names:
+        lines.append(f"| {n} | {bootstrap_ci(tp(n)).fmt('.1f')} | {len(tp(n))} |")
+    lines += ["", "| ratio | mean [95% CI], paired over seeds |", "|---|---|"]
+    if "ebrl" in names:
+        for base in [n for n in names if n != "ebrl"]:
+            lines.append(f"| ebrl / {base} | {ratio_ci(tp('ebrl'), tp(base)).fmt('.3f')} |")
+    ebrl_rows = [r for r in rows if r["config"] == "ebrl"]
+    if ebrl_rows:
+        eff = np.array([r["throughput_e2e"] / r["bound"] for r in ebrl_rows])
+        ovh = np.array([r["overhead_frac"] for r in ebrl_rows])
+        glue = np.array([r["glue_cpu_frac"] for r in ebrl_rows])
+        lines += [
+            "",
+            f"EBRL efficiency vs pipeline bound: {bootstrap_ci(eff).fmt('.3f')}",
+            f"EBRL wall time with no stage running: {bootstrap_ci(ovh).fmt('.3f')}",
+            f"EBRL worker CPU outside stage calls: {bootstrap_ci(glue).fmt('.3f')}",
+        ]
+    table = "\n".join(lines)
+    print("\n" + table)
+    prov = {
+        "commit": git_commit(),
+        "machine": machine(),
+        "seeds": seeds,
+        "command": " ".join([Path(sys.executable).name, *sys.argv]),
+        "workload": WORKLOAD,
+        "configs": {n: CONFIGS[n] for n in names},
+        "iterations": args.iterations,
+        "warmup": args.warmup,
+        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+    }
+    keep = (
+        "config",
+        "seed",
+        "throughput_e2e",
+        "throughput_overall",
+        "bound",
+        "overhead_frac",
+        "glue_cpu_frac",
+        "env_steps",
+        "wall_s",
+        "success_rate",
+        "commit",
+    )
+    with (out / "runs.csv").open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=keep, extrasaction="ignore")
+        w.writeheader()
+        w.writerows(rows)
+    (out / "table.md").write_text(
+        f"# Scheduler throughput\n\n{table}\n\n```json\n{json.dumps(prov, indent=2)}\n```\n"
+    )
+    print(f"\nwritten to {out}")
+
+
+if __name__ == "__main__":
+    main()
