@@ -7,6 +7,7 @@ running; raises what the worker raised, or a clear error if its process died), `
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
@@ -156,10 +157,8 @@ class RayBackend:
 
     def shutdown(self) -> None:
         for h in self.handles:
-            try:
+            with contextlib.suppress(Exception):  # already dead
                 self._ray.kill(h.actor, no_restart=True)
-            except Exception:  # already dead
-                pass
         self.handles.clear()
         if self._started:
             self._ray.shutdown()
