@@ -176,6 +176,15 @@ class TrackingConfig:
 
 
 @dataclass
+class CheckpointConfig:
+    #: save the learner (weights, optimiser, version) every this many updates (0: never)
+    every_iters: int = 1
+    #: continue from ``<run_dir>/checkpoint.pt`` and ``progress.json`` when they exist
+    #: (a requeued Slurm job re-runs the same command in the same run folder)
+    resume: bool = True
+
+
+@dataclass
 class RunConfig:
     simulator: Any = MISSING
     policy: Any = MISSING
@@ -184,6 +193,7 @@ class RunConfig:
     budget: BudgetConfig = field(default_factory=BudgetConfig)
     threads: ThreadsConfig = field(default_factory=ThreadsConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     #: run seed: policy init, sampling, env reset seeds
     seed: int = 0
     #: environments in total

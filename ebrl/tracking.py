@@ -60,6 +60,7 @@ class MLflowTracker:
         experiment: experiment name, created if missing.
         run_name: display name of the run.
         tags: tags set on the run at creation.
+        resume_id: continue this existing run (a resumed job) instead of creating one.
     """
 
     def __init__(
@@ -70,6 +71,7 @@ class MLflowTracker:
         experiment: str,
         run_name: str,
         tags: dict[str, str],
+        resume_id: str | None = None,
     ) -> None:
         import mlflow  # heavy import (~2 s): only when tracking is on
         from mlflow.tracking import MlflowClient
@@ -85,7 +87,12 @@ class MLflowTracker:
             if exp is not None
             else self.client.create_experiment(experiment, artifact_location=artifact_root)
         )
-        self.run_id = self.client.create_run(exp_id, run_name=run_name, tags=tags).info.run_id
+        if resume_id is not None:
+            self.run_id = resume_id
+            self.client.update_run(resume_id, status="RUNNING")
+            self.client.set_tag(resume_id, "resumed", "true")
+        else:
+            self.run_id = self.client.create_run(exp_id, run_name=run_name, tags=tags).info.run_id
         self._entities = mlflow.entities
 
     def log_params(self, params: dict[str, Any]) -> None:

@@ -11,8 +11,13 @@ import csv
 import json
 import logging
 import math
+import os
+import signal
+import threading
 import time
-from dataclasses import asdict, dataclass, field
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -93,7 +98,9 @@ def _run_dir(run: RunConfig) -> Path:
     return d.resolve()
 
 
-def _tracker(run: RunConfig, summary: Summary, cfg: DictConfig) -> Tracker:
+def _tracker(
+    run: RunConfig, summary: Summary, cfg: DictConfig, resume_id: str | None = None
+) -> Tracker:
     if not run.tracking.enabled:
         return NullTracker()
     tags = {
@@ -115,14 +122,64 @@ def _tracker(run: RunConfig, summary: Summary, cfg: DictConfig) -> Tracker:
         experiment=run.tracking.experiment,
         run_name=name,
         tags=tags,
+        resume_id=resume_id,
     )
-    tr.log_params(_flat(OmegaConf.to_container(cfg, resolve=True)))  # type: ignore[arg-type]
+    if resume_id is None:  # params are immutable in MLflow: logged once, by the first attempt
+        tr.log_params(_flat(OmegaConf.to_container(cfg, resolve=True)))  # type: ignore[arg-type]
     return tr
 
 
 # --- the loop ---------------------------------------------------------------------------------
+class Preempted(BaseException):
+    """SIGTERM arrived (Slurm preemption, ``scancel``): stop, keep everything, resume later."""
+
+
+@contextmanager
+def _sigterm_raises() -> Iterator[None]:
+    """Turn SIGTERM into :class:`Preempted` in the main thread while a run is in progress."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum, frame):
+        raise Preempted(f"signal {signum}")
+
+    old = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
+
+
+@dataclass
+class Progress:
+    """What the driver needs to continue a run: written after every logged update."""
+
+    mlflow_run_id: str | None = None
+    iterations: int = 0
+    env_steps: int = 0
+    wall_s: float = 0.0
+    time_to_80: float | None = None
+    steps_to_80: int | None = None
+    success_hist: list[float] = field(default_factory=list)
+
+    @classmethod
+    def load(cls, path: Path) -> Progress | None:
+        return cls(**json.loads(path.read_text())) if path.exists() else None
+
+    def save(self, path: Path) -> None:
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(asdict(self)))
+        os.replace(tmp, path)
+
+
 def train(cfg: DictConfig) -> Summary:
-    """Run one training job described by a composed config; returns its summary."""
+    """Run one training job described by a composed config; returns its summary.
+
+    Resumes by itself when its run folder holds a checkpoint and ``progress.json`` from an
+    earlier, interrupted attempt (``checkpoint.resume``): the learner and generator start from the
+    saved weights, and metrics continue in the same MLflow run, from the saved step on.
+    """
     run = validate(cfg)
     run_dir = _run_dir(run)
     (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
@@ -135,69 +192,96 @@ def train(cfg: DictConfig) -> Summary:
         simulator=str(cfg.simulator.get("task", _name(cfg.simulator))),
         algo=_name(cfg.algo),
     )
-    np.random.seed(run.seed)
-    torch.manual_seed(run.seed)
-    tracker = _tracker(run, summary, cfg)
+    ckpt_path, prog_path, jsonl = (
+        run_dir / "checkpoint.pt",
+        run_dir / "progress.json",
+        run_dir / "metrics.jsonl",
+    )
+    prog = Progress.load(prog_path) if run.checkpoint.resume else None
+    if prog is None or not ckpt_path.exists():
+        prog = Progress()
+        for p in (ckpt_path, prog_path, jsonl):
+            p.unlink(missing_ok=True)
+    else:
+        log.info(
+            "resuming from %s at update %d (%d env steps)", run_dir, prog.iterations, prog.env_steps
+        )
+    np.random.seed(run.seed + prog.iterations)
+    torch.manual_seed(run.seed + prog.iterations)
+    tracker = _tracker(run, summary, cfg, resume_id=prog.mlflow_run_id)
+    prog.mlflow_run_id = tracker.run_id
+    summary.iterations, summary.env_steps = prog.iterations, prog.env_steps
+    summary.time_to_80, summary.steps_to_80 = prog.time_to_80, prog.steps_to_80
     timeline = Timeline()
     scheduler = instantiate(cfg.scheduler)
+    factory = StageFactory.from_config(cfg)
+    if run.checkpoint.every_iters > 0:
+        factory = replace(
+            factory, checkpoint=str(ckpt_path), checkpoint_every=run.checkpoint.every_iters
+        )
     ctx = RunContext(
-        factory=StageFactory.from_config(cfg),
+        factory=factory,
         decisions_per_env=run.decisions_per_env,
         env_groups=run.env_groups,
         timeline=timeline,
     )
-    curve_path = run_dir / "metrics.csv"
-    rows: list[dict[str, float]] = []
-    success_hist: list[float] = []
-    bar = _progress(run)
+    success_hist = prog.success_hist
+    bar = _progress(run, prog.env_steps)
+    wall0 = prog.wall_s  # wall-clock of earlier attempts: the curves continue, not restart
     t_start = time.perf_counter()
-    t_steady, steps_steady = t_start, 0
+    t_steady, steps_steady = t_start, summary.env_steps
     t_last = t_start  # when the last report arrived: shutdown time is not throughput time
     gen = scheduler.run(ctx)
     try:
-        for rep in gen:
-            t_last = time.perf_counter()
-            now = t_last - t_start
-            summary.iterations = rep.iteration + 1
-            summary.env_steps += rep.env_steps
-            if rep.iteration + 1 == run.warmup_iters:
-                t_steady, steps_steady = time.perf_counter(), summary.env_steps
-            m = dict(rep.metrics)
-            m["time/wall_s"] = now
-            m["env/steps_total"] = summary.env_steps
-            m["throughput/env_steps_per_s"] = summary.env_steps / max(now, 1e-9)
-            for stage, busy in timeline.busy.items():
-                m[f"time/{stage}/busy_s"] = busy
-            for stage, cpu in timeline.cpu.items():
-                m[f"time/{stage}/cpu_s"] = cpu
-            if "env/success_rate" in m:
-                success_hist.append(m["env/success_rate"])
-                if summary.time_to_80 is None and m["env/success_rate"] >= 0.8:
-                    summary.time_to_80, summary.steps_to_80 = now, summary.env_steps
-            tracker.log_metrics(m, step=summary.env_steps)
-            rows.append({"iteration": rep.iteration, **m})
-            if bar is not None:
-                bar.update(rep.env_steps)
-                bar.set_postfix(
-                    sps=f"{m['throughput/env_steps_per_s']:.0f}",
-                    success=f"{success_hist[-1]:.2f}" if success_hist else "-",
+        with _sigterm_raises():
+            for rep in gen:
+                t_last = time.perf_counter()
+                now = wall0 + t_last - t_start
+                it = summary.iterations
+                summary.iterations += 1
+                summary.env_steps += rep.env_steps
+                if summary.iterations == prog.iterations + run.warmup_iters:
+                    t_steady, steps_steady = t_last, summary.env_steps
+                m = dict(rep.metrics)
+                m["time/wall_s"] = now
+                m["env/steps_total"] = summary.env_steps
+                m["throughput/env_steps_per_s"] = (summary.env_steps - prog.env_steps) / max(
+                    t_last - t_start, 1e-9
                 )
-            if _budget_spent(run, summary.env_steps, now, summary.iterations):
-                break
+                for stage, busy in timeline.busy.items():
+                    m[f"time/{stage}/busy_s"] = busy
+                for stage, cpu in timeline.cpu.items():
+                    m[f"time/{stage}/cpu_s"] = cpu
+                if "env/success_rate" in m:
+                    success_hist.append(m["env/success_rate"])
+                    if summary.time_to_80 is None and m["env/success_rate"] >= 0.8:
+                        summary.time_to_80, summary.steps_to_80 = now, summary.env_steps
+                tracker.log_metrics(m, step=summary.env_steps)
+                with jsonl.open("a") as f:
+                    f.write(json.dumps({"iteration": it, **m}) + "\n")
+                _save_progress(prog, prog_path, summary, now, success_hist)
+                if bar is not None:
+                    bar.update(rep.env_steps)
+                    bar.set_postfix(
+                        sps=f"{m['throughput/env_steps_per_s']:.0f}",
+                        success=f"{success_hist[-1]:.2f}" if success_hist else "-",
+                    )
+                if _budget_spent(run, summary.env_steps, now, summary.iterations):
+                    break
     except BaseException as e:
-        summary.status = "KILLED" if isinstance(e, KeyboardInterrupt) else "FAILED"
-        log.error("run failed (%s: %s); results so far are in %s", type(e).__name__, e, run_dir)
+        summary.status = "KILLED" if isinstance(e, (KeyboardInterrupt, Preempted)) else "FAILED"
+        log.error("run stopped (%s: %s); results so far are in %s", type(e).__name__, e, run_dir)
         raise
     finally:
         gen.close()
         if bar is not None:
             bar.close()
         wall = t_last - t_start
-        summary.wall_s = wall
-        summary.throughput_overall = summary.env_steps / max(wall, 1e-9)
+        summary.wall_s = wall0 + wall
+        summary.throughput_overall = (summary.env_steps - prog.env_steps) / max(wall, 1e-9)
         steady_s = t_last - t_steady
         summary.throughput_e2e = (summary.env_steps - steps_steady) / max(steady_s, 1e-9)
-        if summary.iterations <= run.warmup_iters:
+        if t_steady == t_start:  # fewer updates than the warm-up: no steady state to speak of
             summary.throughput_e2e = summary.throughput_overall
         tail = success_hist[-max(1, math.ceil(len(success_hist) * 0.1)) :]
         summary.success_rate = float(np.mean(tail)) if tail else float("nan")
@@ -205,8 +289,23 @@ def train(cfg: DictConfig) -> Summary:
         summary.stage_cpu_s = dict(timeline.cpu)
         covered = timeline.covered(t_steady, until=t_last)
         summary.overhead_frac = max(0.0, 1.0 - covered / max(steady_s, 1e-9))
-        _write_outputs(run_dir, rows, summary, timeline, tracker, curve_path)
+        _write_outputs(run_dir, jsonl, summary, timeline, tracker)
     return summary
+
+
+def _save_progress(
+    prog: Progress, path: Path, summary: Summary, now: float, success_hist: list[float]
+) -> None:
+    state = replace(
+        prog,
+        iterations=summary.iterations,
+        env_steps=summary.env_steps,
+        wall_s=now,
+        time_to_80=summary.time_to_80,
+        steps_to_80=summary.steps_to_80,
+        success_hist=list(success_hist),
+    )
+    state.save(path)
 
 
 def _budget_spent(run: RunConfig, steps: int, seconds: float, iters: int) -> bool:
@@ -218,23 +317,26 @@ def _budget_spent(run: RunConfig, steps: int, seconds: float, iters: int) -> boo
     )
 
 
-def _progress(run: RunConfig):
+def _progress(run: RunConfig, initial: int = 0):
     if not run.progress:
         return None
     from tqdm import tqdm
 
-    return tqdm(total=run.budget.env_steps, unit="step", unit_scale=True, dynamic_ncols=True)
+    return tqdm(
+        total=run.budget.env_steps,
+        initial=initial,
+        unit="step",
+        unit_scale=True,
+        dynamic_ncols=True,
+    )
 
 
 def _write_outputs(
-    run_dir: Path,
-    rows: list[dict[str, float]],
-    summary: Summary,
-    timeline: Timeline,
-    tracker: Tracker,
-    curve_path: Path,
+    run_dir: Path, jsonl: Path, summary: Summary, timeline: Timeline, tracker: Tracker
 ) -> None:
     """Everything the run produced, to disk and to the tracker; survives a failed run."""
+    curve_path = run_dir / "metrics.csv"
+    rows = [json.loads(line) for line in jsonl.read_text().splitlines()] if jsonl.exists() else []
     if rows:
         keys = sorted({k for r in rows for k in r})
         with curve_path.open("w", newline="") as f:

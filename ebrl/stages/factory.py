@@ -19,7 +19,7 @@ from ebrl.envs.base import EnvGroup, EnvSpec
 from ebrl.policies.base import Policy, PolicySpec
 from ebrl.stages.gen import GenStage
 from ebrl.stages.sim import SimStage
-from ebrl.stages.train import TrainStage
+from ebrl.stages.train import TrainStage, load_checkpoint
 
 
 @dataclass(frozen=True)
@@ -33,6 +33,9 @@ class StageFactory:
 
     cfg: dict[str, Any]
     env_spec: EnvSpec | None = None
+    #: learner checkpoint file: saved to by the learner, resumed from by learner and generator
+    checkpoint: str | None = None
+    checkpoint_every: int = 1
 
     @classmethod
     def from_config(cls, cfg: DictConfig) -> StageFactory:
@@ -81,10 +84,21 @@ class StageFactory:
         return instantiate(self.node.policy, spec=spec)
 
     def gen(self) -> GenStage:
-        return GenStage(
-            self.policy(), threads=int(self.cfg["threads"]["gen"]), seed=int(self.cfg["seed"])
-        )
+        policy = self.policy()
+        ckpt = load_checkpoint(self.checkpoint) if self.checkpoint else None
+        if ckpt is not None:  # resuming: act with the learner's last saved weights
+            policy.set_weights(int(ckpt["version"]), ckpt["policy"])
+        return GenStage(policy, threads=int(self.cfg["threads"]["gen"]), seed=int(self.cfg["seed"]))
 
     def train(self) -> TrainStage:
         algo = instantiate(self.node.algo, policy=self.policy(), _convert_="object")
-        return TrainStage(algo, threads=int(self.cfg["threads"]["train"]))
+        ckpt = load_checkpoint(self.checkpoint) if self.checkpoint else None
+        if ckpt is not None:
+            algo.policy.set_weights(int(ckpt["version"]), ckpt["policy"])
+            algo.optimizer.load_state_dict(ckpt["optimizer"])
+        return TrainStage(
+            algo,
+            threads=int(self.cfg["threads"]["train"]),
+            checkpoint=self.checkpoint,
+            every=self.checkpoint_every,
+        )

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import Protocol
 
 import torch
@@ -17,16 +19,26 @@ class Algorithm(Protocol):
 
 
 class TrainStage:
-    """Owns the learner policy and its optimiser state.
+    """Owns the learner policy and its optimiser state, and checkpoints them.
 
     Args:
         algo: PPO, GRPO, ... (anything with ``update(segment) -> metrics``).
         threads: torch intra-op threads while training (None leaves torch's setting).
+        checkpoint: file to save the learner to every ``every`` updates (None: never).
+        every: updates between checkpoints.
     """
 
-    def __init__(self, algo: Algorithm, threads: int | None = None) -> None:
+    def __init__(
+        self,
+        algo: Algorithm,
+        threads: int | None = None,
+        checkpoint: str | Path | None = None,
+        every: int = 1,
+    ) -> None:
         self.algo = algo
         self.threads = threads
+        self.checkpoint = Path(checkpoint) if checkpoint else None
+        self.every = max(1, every)
 
     @property
     def version(self) -> int:
@@ -37,7 +49,31 @@ class TrainStage:
         if self.threads:
             torch.set_num_threads(self.threads)
         self.algo.policy.train()
-        return self.algo.update(seg)
+        metrics = self.algo.update(seg)
+        if self.checkpoint is not None and self.version % self.every == 0:
+            save_learner(self.checkpoint, self.algo)
+        return metrics
 
     def weights(self) -> tuple[int, dict[str, torch.Tensor]]:
         return self.algo.policy.get_weights()
+
+
+def save_learner(path: Path, algo: Algorithm) -> None:
+    """Policy weights, version and optimiser state, written atomically (a kill mid-write leaves
+    the previous checkpoint intact)."""
+    state = {
+        "version": algo.policy.version,
+        "policy": algo.policy.state_dict(),
+        "optimizer": algo.optimizer.state_dict(),
+    }
+    tmp = path.with_suffix(".tmp")
+    torch.save(state, tmp)
+    os.replace(tmp, path)
+
+
+def load_checkpoint(path: str | Path) -> dict | None:
+    """The checkpoint at ``path``, or None when there is none."""
+    path = Path(path)
+    if not path.exists():
+        return None
+    return torch.load(path, map_location="cpu", weights_only=True)
