@@ -116,7 +116,12 @@ class MLflowTracker:
 
 
 def git_commit() -> str:
-    """The checked-out commit of the ebrl source tree, with ``-dirty`` if it has local changes."""
+    """The checked-out commit of the ebrl source tree, with ``-dirty`` if it has local changes.
+
+    ``EBRL_COMMIT`` overrides it: benchmarks run from an exported snapshot (no .git) set it.
+    """
+    if os.environ.get("EBRL_COMMIT"):
+        return os.environ["EBRL_COMMIT"]
     root = Path(__file__).resolve().parents[1]
     try:
         sha = subprocess.run(
