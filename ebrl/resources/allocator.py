@@ -1,0 +1,514 @@
+"""The elastic allocator (the paper's Algorithm 1): balance gen and train throughputs.
+
+Offline: from a :class:`~ebrl.resources.profiler.Profile`, :func:`allocate` searches the split of
+a pool (cores/threads on CPU, SM percent on GPU) between gen and train, and their batch sizes, so
+that the slower of the two stages is as fast as possible. For fixed batch sizes gen's throughput
+rises with its share ``g`` and train's falls (it gets ``pool - g``), so ``min(gen, train)`` peaks
+where the curves cross: a binary search over ``g`` finds it in ``log2(pool)`` steps. Batch sizes
+come from the profiled grid (a handful each), so every pair is searched.
+
+At run time: a :class:`DivergenceMonitor` watches the stage throughputs; when they differ by more
+than ``threshold`` for ``window`` consecutive steps, :class:`ElasticAllocator` blends the measured
+throughputs into the profile and searches again, returning a :class:`Reallocation` record (cause,
+old, new, when, and, once the caller applied it, what applying cost).
+
+Everything here is pure except the clock, which is injectable.
+"""
+
+from __future__ import annotations
+
+import bisect
+import contextlib
+import dataclasses
+import logging
+import time
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+
+from ebrl.resources.plan import StageRequest
+from ebrl.resources.profiler import Profile
+
+log = logging.getLogger(__name__)
+
+Curve = Callable[[int], float]
+
+
+class AllocationError(ValueError):
+    """The pool cannot be split, or the profile lacks what the search needs."""
+
+
+@dataclass(frozen=True)
+class Pool:
+    """What gen and train split.
+
+    Attributes:
+        units: its size: cores (= torch threads) on CPU, 100 for SM percent on one GPU.
+        unit: ``threads`` or ``sm_percent`` (must match the profile's share unit).
+        min_units: each stage gets at least this many.
+    """
+
+    units: int
+    unit: str = "threads"
+    min_units: int = 1
+
+    def __post_init__(self) -> None:
+        if self.min_units < 1 or self.units < 2 * self.min_units:
+            raise AllocationError(
+                f"Pool: {self.units} {self.unit} cannot give gen and train {self.min_units} each"
+            )
+
+
+@dataclass(frozen=True)
+class Allocation:
+    """A split of the pool and the batch sizes, with the throughputs the profile predicts.
+
+    Attributes:
+        gen_units: gen's part of the pool (threads / cores, or SM percent).
+        train_units: train's part.
+        gen_batch: generator batch size.
+        train_batch: learner minibatch size.
+        gen_throughput: predicted gen items/s.
+        train_throughput: predicted train items/s.
+        pool: the pool split.
+        evaluations: curve evaluations the search made (its cost).
+    """
+
+    gen_units: int
+    train_units: int
+    gen_batch: int
+    train_batch: int
+    gen_throughput: float
+    train_throughput: float
+    pool: Pool
+    evaluations: int = 0
+
+    @property
+    def gen_share(self) -> float:
+        """Gen's fraction of the pool, in [0, 1]."""
+        return self.gen_units / self.pool.units
+
+    @property
+    def throughput(self) -> float:
+        """What the pair sustains: the slower stage's throughput."""
+        return min(self.gen_throughput, self.train_throughput)
+
+    @property
+    def imbalance(self) -> float:
+        return divergence(self.gen_throughput, self.train_throughput)
+
+    def same_split(self, other: Allocation) -> bool:
+        """Same units and batch sizes (nothing to apply)."""
+        return (self.gen_units, self.train_units, self.gen_batch, self.train_batch) == (
+            other.gen_units,
+            other.train_units,
+            other.gen_batch,
+            other.train_batch,
+        )
+
+    def describe(self) -> str:
+        return (
+            f"gen {self.gen_units} {self.pool.unit} batch {self.gen_batch} "
+            f"({self.gen_throughput:.1f}/s) | train {self.train_units} {self.pool.unit} "
+            f"batch {self.train_batch} ({self.train_throughput:.1f}/s)"
+        )
+
+
+def divergence(a: float, b: float) -> float:
+    """Relative gap ``(max - min) / max`` in [0, 1] (0 when both are 0)."""
+    hi = max(a, b)
+    return 0.0 if hi <= 0 else (hi - min(a, b)) / hi
+
+
+# --- curves -----------------------------------------------------------------------------------
+def profile_curve(points: Sequence[tuple[int, float]]) -> Curve:
+    """A non-decreasing throughput curve over integer shares from measured ``(share, tput)``.
+
+    Linear between measured shares; proportional to the share below the smallest (no share, no
+    throughput); flat above the largest (no evidence it scales further). Measured throughputs are
+    made non-decreasing first (running maximum): a stage given more resources can always leave
+    them idle, and noise would otherwise break the binary search's premise.
+    """
+    if not points:
+        raise AllocationError("profile_curve: no points")
+    pts = sorted(points)
+    xs = [float(s) for s, _ in pts]
+    ys: list[float] = []
+    for _, y in pts:
+        ys.append(max(y, ys[-1]) if ys else y)
+
+    # Rounding is monotone, so each formula below is non-decreasing in u; the clamps keep a
+    # rounded value from stepping past a measured point (an ulp above or below is enough to
+    # break the binary search's premise, which hypothesis found).
+    def f(units: int) -> float:
+        u = float(units)
+        if u <= 0:
+            return 0.0
+        if u >= xs[-1]:
+            return ys[-1]
+        if u == xs[0]:
+            return ys[0]
+        if u < xs[0]:  # here 0 < u < xs[0]
+            return min(ys[0], ys[0] * u / xs[0])
+        i = bisect.bisect_right(xs, u)
+        x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
+        return min(max(y0 + (y1 - y0) * (u - x0) / (x1 - x0), y0), y1)
+
+    return f
+
+
+# --- the search -------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Split:
+    """Result of balancing two curves: gen gets ``gen_units``; ``value`` = min of the two."""
+
+    gen_units: int
+    value: float
+    gen: float
+    train: float
+    evaluations: int
+
+
+def _better(a: Split, b: Split) -> Split:
+    """The higher minimum; ties: the more balanced, then fewer gen units (deterministic)."""
+    ka = (a.value, -divergence(a.gen, a.train), -a.gen_units)
+    kb = (b.value, -divergence(b.gen, b.train), -b.gen_units)
+    return a if ka >= kb else b
+
+
+def balance(gen: Curve, train: Curve, units: int, min_units: int = 1) -> Split:
+    """Binary-search the split maximising ``min(gen(g), train(units - g))``.
+
+    Requires ``gen`` non-decreasing and ``train`` non-decreasing in their own share (so
+    ``train(units - g)`` falls as ``g`` rises). Let ``g*`` be the smallest ``g`` with
+    ``gen(g) >= train(units - g)``. Left of it the minimum is ``gen(g) <= gen(g* - 1)``; from it
+    on the minimum is ``train(units - g) <= train(units - g*)``; so the best split is ``g* - 1``
+    or ``g*``, found with ``O(log units)`` evaluations.
+    """
+    lo, hi = min_units, units - min_units
+    if lo > hi:
+        raise AllocationError(f"balance: {units} units cannot give each side {min_units}")
+    evals = 0
+    cache: dict[int, tuple[float, float]] = {}
+
+    def at(g: int) -> tuple[float, float]:
+        nonlocal evals
+        if g not in cache:
+            evals += 2
+            cache[g] = (gen(g), train(units - g))
+        return cache[g]
+
+    a, b = lo, hi + 1  # invariant: g* in [a, b]; b = hi + 1 means gen never catches up
+    while a < b:
+        mid = (a + b) // 2
+        fg, ft = at(mid)
+        if fg >= ft:
+            b = mid
+        else:
+            a = mid + 1
+    best: Split | None = None
+    for g in (a - 1, a):
+        if lo <= g <= hi:
+            fg, ft = at(g)
+            cand = Split(g, min(fg, ft), fg, ft, 0)
+            best = cand if best is None else _better(cand, best)
+    assert best is not None  # a - 1 or a lies in [lo, hi] since a is in [lo, hi + 1]
+    return dataclasses.replace(best, evaluations=evals)
+
+
+def balance_brute_force(gen: Curve, train: Curve, units: int, min_units: int = 1) -> Split:
+    """Reference for tests: try every split."""
+    best: Split | None = None
+    for g in range(min_units, units - min_units + 1):
+        fg, ft = gen(g), train(units - g)
+        cand = Split(g, min(fg, ft), fg, ft, 0)
+        best = cand if best is None else _better(cand, best)
+    if best is None:
+        raise AllocationError(f"balance: {units} units cannot give each side {min_units}")
+    return dataclasses.replace(best, evaluations=2 * (units - 2 * min_units + 1))
+
+
+def _batches(profile: Profile, stage: str, limit: int | None) -> list[int]:
+    have = profile.batch_sizes(stage)
+    if not have:
+        raise AllocationError(f"allocate: the profile has no '{stage}' points")
+    ok = [b for b in have if limit is None or b <= limit]
+    if not ok:
+        raise AllocationError(
+            f"allocate: every profiled {stage} batch size {have} exceeds the limit {limit}"
+        )
+    return ok
+
+
+def allocate(
+    profile: Profile,
+    pool: Pool,
+    max_gen_batch: int | None = None,
+    max_train_batch: int | None = None,
+    search: Callable[[Curve, Curve, int, int], Split] = balance,
+) -> Allocation:
+    """Algorithm 1: the split and batch sizes that maximise the slower stage's throughput.
+
+    Args:
+        profile: gen and train throughput curves, in the pool's unit.
+        pool: what is split.
+        max_gen_batch: largest usable generator batch (e.g. envs per group).
+        max_train_batch: largest usable minibatch (e.g. decisions per segment / minibatches).
+        search: :func:`balance` (binary search) or :func:`balance_brute_force`.
+
+    Ties between batch-size pairs go to the smaller batches: same throughput, less latency.
+    """
+    if profile.share_unit != pool.unit:
+        raise AllocationError(
+            f"allocate: profile shares are {profile.share_unit}, the pool is {pool.unit}"
+        )
+    best: tuple[tuple, Allocation] | None = None
+    evals = 0
+    for bg in _batches(profile, "gen", max_gen_batch):
+        gen = profile_curve(profile.curve("gen", bg))
+        for bt in _batches(profile, "train", max_train_batch):
+            train = profile_curve(profile.curve("train", bt))
+            s = search(gen, train, pool.units, pool.min_units)
+            evals += s.evaluations
+            key = (s.value, -divergence(s.gen, s.train), -bg, -bt, -s.gen_units)
+            if best is None or key > best[0]:
+                alloc = Allocation(
+                    s.gen_units, pool.units - s.gen_units, bg, bt, s.gen, s.train, pool
+                )
+                best = (key, alloc)
+    assert best is not None
+    return dataclasses.replace(best[1], evaluations=evals)
+
+
+def allocate_brute_force(
+    profile: Profile,
+    pool: Pool,
+    max_gen_batch: int | None = None,
+    max_train_batch: int | None = None,
+) -> Allocation:
+    """Reference for tests: :func:`allocate` trying every split."""
+    return allocate(profile, pool, max_gen_batch, max_train_batch, search=balance_brute_force)
+
+
+def predict(profile: Profile, stage: str, units: int, batch: int) -> float:
+    """The profile's throughput for a stage at any share (interpolated) and a profiled batch."""
+    return profile_curve(profile.curve(stage, batch))(units)
+
+
+def stage_requests(
+    alloc: Allocation,
+    gen_cores: int = 1,
+    train_cores: int = 1,
+    prefer_gpu: int | None = None,
+) -> list[StageRequest]:
+    """The gen and train requests for :func:`~ebrl.resources.plan.make_plan`.
+
+    On a threads pool, each stage gets its units as cores (and threads); on an SM-percent pool,
+    its units as ``gpu_share`` on one GPU with ``gen_cores`` / ``train_cores`` CPU cores.
+    """
+    if alloc.pool.unit == "sm_percent":
+        return [
+            StageRequest(
+                "gen",
+                cores_per_process=gen_cores,
+                gpu_share=alloc.gen_units / 100,
+                batch_size=alloc.gen_batch,
+                prefer_gpu=prefer_gpu,
+            ),
+            StageRequest(
+                "train",
+                cores_per_process=train_cores,
+                gpu_share=alloc.train_units / 100,
+                batch_size=alloc.train_batch,
+                prefer_gpu=prefer_gpu,
+            ),
+        ]
+    return [
+        StageRequest("gen", cores_per_process=alloc.gen_units, batch_size=alloc.gen_batch),
+        StageRequest("train", cores_per_process=alloc.train_units, batch_size=alloc.train_batch),
+    ]
+
+
+# --- run time ---------------------------------------------------------------------------------
+class DivergenceMonitor:
+    """Fires when gen and train throughputs diverge for ``window`` consecutive steps.
+
+    Divergence is :func:`divergence`: ``(max - min) / max``. A step within the threshold resets
+    the count; firing resets it too, so a persisting divergence fires once per window.
+
+    Args:
+        threshold: relative gap that counts as divergent (strictly more than it).
+        window: consecutive divergent steps before firing.
+    """
+
+    def __init__(self, threshold: float = 0.15, window: int = 20) -> None:
+        if not 0.0 <= threshold < 1.0 or window < 1:
+            raise ValueError(
+                f"DivergenceMonitor: threshold={threshold} must be in [0, 1), window={window} >= 1"
+            )
+        self.threshold = threshold
+        self.window = window
+        self.streak = 0
+        self.last = 0.0
+
+    def update(self, gen_throughput: float, train_throughput: float) -> bool:
+        """Feed one step's throughputs; True when this step completes a divergent window."""
+        self.last = divergence(gen_throughput, train_throughput)
+        self.streak = self.streak + 1 if self.last > self.threshold else 0
+        if self.streak >= self.window:
+            self.streak = 0
+            return True
+        return False
+
+    def reset(self) -> None:
+        self.streak = 0
+
+
+@dataclass(frozen=True)
+class Reallocation:
+    """One run-time reallocation decision.
+
+    Attributes:
+        cause: why (measured throughputs, divergence, window).
+        old: the allocation in force.
+        new: the allocation searched with the updated profile.
+        decided_at: clock time of the decision (``time.time()`` by default).
+        step: the caller's step counter at the decision, if given.
+        measured_gen: mean gen throughput over the divergent window.
+        measured_train: mean train throughput over it.
+        search_s: seconds the search took.
+        apply_cost_s: seconds applying it took (restarting stage processes), once reported.
+    """
+
+    cause: str
+    old: Allocation
+    new: Allocation
+    decided_at: float
+    step: int | None = None
+    measured_gen: float = 0.0
+    measured_train: float = 0.0
+    search_s: float = 0.0
+    apply_cost_s: float | None = None
+
+    @property
+    def changed(self) -> bool:
+        """Whether there is anything to apply."""
+        return not self.old.same_split(self.new)
+
+
+class ElasticAllocator:
+    """Algorithm 1 at run time: re-search the split when stage throughputs diverge.
+
+    Feed :meth:`observe` each step's stage *capacities* (items per busy second of each stage,
+    e.g. from timeline spans), not wall-clock rates: in a pipeline the faster stage waits for
+    the slower, so wall-clock rates converge whatever the split.
+
+    On firing, each stage's curve in the profile is scaled by
+    ``(1 - blend) + blend * measured / predicted`` at the current operating point: the whole
+    curve shifts (episodes got shorter, a simulator slowed down), keeping its measured shape.
+
+    Args:
+        profile: the offline profile.
+        pool: what gen and train split.
+        monitor: the divergence trigger (default 15% for 20 steps).
+        blend: weight of runtime measurements against the profile, in (0, 1].
+        max_gen_batch: passed to :func:`allocate`.
+        max_train_batch: passed to :func:`allocate`.
+        clock: wall clock for ``decided_at``.
+    """
+
+    def __init__(
+        self,
+        profile: Profile,
+        pool: Pool,
+        monitor: DivergenceMonitor | None = None,
+        blend: float = 0.5,
+        max_gen_batch: int | None = None,
+        max_train_batch: int | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        if not 0.0 < blend <= 1.0:
+            raise ValueError(f"ElasticAllocator: blend={blend} must be in (0, 1]")
+        self.profile = profile
+        self.pool = pool
+        self.monitor = monitor or DivergenceMonitor()
+        self.blend = blend
+        self.limits = (max_gen_batch, max_train_batch)
+        self.clock = clock
+        self.current = allocate(profile, pool, *self.limits)
+        self.history: list[Reallocation] = []
+        self._gen: deque[float] = deque(maxlen=self.monitor.window)
+        self._train: deque[float] = deque(maxlen=self.monitor.window)
+        log.info("initial allocation: %s", self.current.describe())
+
+    def observe(
+        self, gen_throughput: float, train_throughput: float, step: int | None = None
+    ) -> Reallocation | None:
+        """Feed one step's measured stage capacities; a :class:`Reallocation` when it fires.
+
+        The record is returned (and kept in :attr:`history`) even when the new search lands on
+        the same split: ``changed`` says whether to apply it.
+        """
+        self._gen.append(gen_throughput)
+        self._train.append(train_throughput)
+        if not self.monitor.update(gen_throughput, train_throughput):
+            return None
+        mg = sum(self._gen) / len(self._gen)
+        mt = sum(self._train) / len(self._train)
+        cause = (
+            f"gen {mg:.1f}/s vs train {mt:.1f}/s: diverged more than "
+            f"{self.monitor.threshold:.0%} for {self.monitor.window} consecutive steps "
+            f"(last {self.monitor.last:.0%})"
+        )
+        t0 = time.perf_counter()
+        old = self.current
+        prof = self.profile
+        for stage, units, batch, measured in (
+            ("gen", old.gen_units, old.gen_batch, mg),
+            ("train", old.train_units, old.train_batch, mt),
+        ):
+            predicted = predict(prof, stage, units, batch)
+            if predicted > 0:
+                prof = prof.scaled(stage, (1 - self.blend) + self.blend * measured / predicted)
+        self.profile = prof
+        new = allocate(prof, self.pool, *self.limits)
+        r = Reallocation(
+            cause=cause,
+            old=old,
+            new=new,
+            decided_at=self.clock(),
+            step=step,
+            measured_gen=mg,
+            measured_train=mt,
+            search_s=time.perf_counter() - t0,
+        )
+        self.current = new
+        self._gen.clear()
+        self._train.clear()
+        self.history.append(r)
+        log.info(
+            "reallocation%s at step %s: %s; %s -> %s (search %.2f ms)",
+            "" if r.changed else " (split unchanged)",
+            step,
+            cause,
+            old.describe(),
+            new.describe(),
+            r.search_s * 1e3,
+        )
+        return r
+
+    def applied(self, realloc: Reallocation, cost_s: float) -> Reallocation:
+        """Record what applying ``realloc`` cost (e.g. restarting a stage with a new quota)."""
+        done = dataclasses.replace(realloc, apply_cost_s=cost_s)
+        for i, r in enumerate(self.history):
+            if r is realloc:
+                self.history[i] = done
+        log.info("reallocation applied in %.3f s: %s", cost_s, realloc.new.describe())
+        return done
+
+    @contextlib.contextmanager
+    def applying(self, realloc: Reallocation) -> Iterator[None]:
+        """Time the ``with`` block as the cost of applying ``realloc`` (recorded on success)."""
+        t0 = time.perf_counter()
+        yield
+        self.applied(realloc, time.perf_counter() - t0)

@@ -1,0 +1,231 @@
+"""Algorithm 1: binary search against brute force, the divergence trigger, reallocation records."""
+
+from __future__ import annotations
+
+import logging
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ebrl.resources.allocator import (
+    AllocationError,
+    DivergenceMonitor,
+    ElasticAllocator,
+    Pool,
+    allocate,
+    allocate_brute_force,
+    balance,
+    balance_brute_force,
+    divergence,
+    predict,
+    profile_curve,
+    stage_requests,
+)
+from ebrl.resources.plan import ShareKind, make_plan
+from ebrl.resources.profiler import Profile, ProfilePoint
+from ebrl.resources.topology import fake_topology
+
+
+def monotone(increments: list[float]) -> list[float]:
+    """Cumulative sums: a non-decreasing curve whose value at 0 is 0."""
+    out, acc = [0.0], 0.0
+    for d in increments:
+        acc += d
+        out.append(acc)
+    return out
+
+
+@st.composite
+def curve_pair(draw):
+    units = draw(st.integers(2, 120))
+    min_units = draw(st.integers(1, units // 2))
+    inc = st.floats(0.0, 100.0, allow_nan=False)
+    gen = monotone(draw(st.lists(inc, min_size=units, max_size=units)))
+    train = monotone(draw(st.lists(inc, min_size=units, max_size=units)))
+    return units, min_units, gen, train
+
+
+@settings(max_examples=300, deadline=None)
+@given(curve_pair())
+def test_binary_search_matches_brute_force(case):
+    units, min_units, gen, train = case
+    fast = balance(gen.__getitem__, train.__getitem__, units, min_units)
+    ref = balance_brute_force(gen.__getitem__, train.__getitem__, units, min_units)
+    assert fast.value == ref.value
+    assert min_units <= fast.gen_units <= units - min_units
+    assert fast.value == min(gen[fast.gen_units], train[units - fast.gen_units])
+    # O(log units) evaluations: a bisection plus the two candidates around the crossing
+    assert fast.evaluations <= 2 * (math.ceil(math.log2(units + 1)) + 2)
+
+
+def test_balance_linear_curves_cross_where_expected():
+    # gen does 3 items/s per unit, train 1: gen needs a quarter of 100 units
+    s = balance(lambda g: 3.0 * g, lambda t: 1.0 * t, 100)
+    assert s.gen_units == 25 and s.value == 75.0
+
+
+def test_balance_rejects_a_pool_too_small():
+    with pytest.raises(AllocationError):
+        balance(float, float, 1)
+    with pytest.raises(AllocationError):
+        Pool(1)
+
+
+def test_profile_curve_interpolates_extrapolates_and_is_monotone():
+    f = profile_curve([(2, 100.0), (4, 150.0), (8, 140.0)])  # the last point is noise
+    assert f(0) == 0.0
+    assert f(1) == 50.0  # proportional below the smallest share
+    assert f(3) == 125.0  # linear between points
+    assert f(8) == 150.0 and f(64) == 150.0  # running maximum, flat above
+    vals = [f(u) for u in range(20)]
+    assert vals == sorted(vals)
+
+
+def _profile(
+    gen: dict[int, dict[int, float]], train: dict[int, dict[int, float]], unit: str = "threads"
+) -> Profile:
+    pts = [ProfilePoint("gen", s, b, y) for b, c in gen.items() for s, y in c.items()]
+    pts += [ProfilePoint("train", s, b, y) for b, c in train.items() for s, y in c.items()]
+    return Profile(points=pts, share_unit=unit)
+
+
+@st.composite
+def profiles(draw):
+    units = draw(st.integers(2, 64))
+    shares = sorted(draw(st.sets(st.integers(1, units), min_size=1, max_size=5)))
+    inc = st.floats(0.0, 1000.0, allow_nan=False)
+
+    def stage():
+        out = {}
+        for b in sorted(draw(st.sets(st.sampled_from([4, 8, 16, 32, 64]), min_size=1, max_size=3))):
+            # noisy, not necessarily monotone: the curve builder must cope
+            ys = draw(st.lists(inc, min_size=len(shares), max_size=len(shares)))
+            out[b] = dict(zip(shares, ys))
+        return out
+
+    return units, _profile(stage(), stage())
+
+
+@settings(max_examples=150, deadline=None)
+@given(profiles())
+def test_allocate_matches_brute_force(case):
+    units, prof = case
+    pool = Pool(units)
+    fast, ref = allocate(prof, pool), allocate_brute_force(prof, pool)
+    assert fast.throughput == ref.throughput
+    assert fast.gen_units + fast.train_units == units
+    assert fast.evaluations <= ref.evaluations
+
+
+LINEAR = _profile(
+    gen={8: {1: 100.0, 8: 800.0}, 32: {1: 200.0, 8: 1600.0}},
+    train={64: {1: 50.0, 8: 400.0}, 256: {1: 100.0, 8: 800.0}},
+)
+
+
+def test_allocate_picks_balanced_split_and_largest_useful_batches():
+    a = allocate(LINEAR, Pool(8))
+    # gen 200/unit at batch 32, train 100/unit at batch 256: gen takes a third of the pool
+    assert (a.gen_batch, a.train_batch) == (32, 256)
+    assert (a.gen_units, a.train_units) == (3, 5)
+    assert a.throughput == min(600.0, 500.0)
+    assert a.gen_share == 3 / 8
+    limited = allocate(LINEAR, Pool(8), max_gen_batch=16, max_train_batch=64)
+    assert (limited.gen_batch, limited.train_batch) == (8, 64)
+    with pytest.raises(AllocationError, match="exceeds the limit"):
+        allocate(LINEAR, Pool(8), max_gen_batch=4)
+
+
+def test_allocate_ties_prefer_smaller_batches():
+    same = _profile(gen={8: {1: 10.0}, 32: {1: 10.0}}, train={64: {1: 10.0}, 256: {1: 10.0}})
+    a = allocate(same, Pool(2))
+    assert (a.gen_batch, a.train_batch) == (8, 64)
+
+
+def test_allocate_checks_units():
+    with pytest.raises(AllocationError, match="sm_percent"):
+        allocate(LINEAR, Pool(100, unit="sm_percent"))
+
+
+def test_stage_requests_feed_make_plan():
+    sm = _profile(
+        gen={16: {10: 100.0, 100: 1000.0}}, train={256: {10: 40.0, 100: 400.0}}, unit="sm_percent"
+    )
+    a = allocate(sm, Pool(100, unit="sm_percent"))
+    assert a.gen_units + a.train_units == 100
+    plan = make_plan(fake_topology(gpus=1), stage_requests(a, gen_cores=2, train_cores=4))
+    gen, train = plan.stage("gen")[0], plan.stage("train")[0]
+    assert gen.gpu.kind == train.gpu.kind == ShareKind.mps
+    assert (gen.gpu.sm_percent, train.gpu.sm_percent) == (a.gen_units, a.train_units)
+    assert (gen.batch_size, train.batch_size) == (16, 256)
+    cpu = allocate(LINEAR, Pool(8))
+    plan = make_plan(fake_topology(numa_nodes=1, cores_per_node=8, gpus=0), stage_requests(cpu))
+    assert len(plan.stage("gen")[0].cores) == plan.stage("gen")[0].threads == cpu.gen_units
+
+
+# --- run time ---------------------------------------------------------------------------------
+def test_divergence():
+    assert divergence(100.0, 85.0) == pytest.approx(0.15)
+    assert divergence(0.0, 0.0) == 0.0 and divergence(0.0, 5.0) == 1.0
+
+
+@pytest.mark.parametrize("window", [1, 5, 20])
+def test_monitor_fires_after_exactly_window_steps(window):
+    m = DivergenceMonitor(threshold=0.15, window=window)
+    fired = [m.update(100.0, 50.0) for _ in range(window)]
+    assert fired == [False] * (window - 1) + [True]
+    # firing restarts the count: a persisting divergence fires once per window
+    again = [m.update(100.0, 50.0) for _ in range(window)]
+    assert again == [False] * (window - 1) + [True]
+
+
+def test_monitor_streak_resets_on_a_balanced_step():
+    m = DivergenceMonitor(threshold=0.15, window=20)
+    for _ in range(19):
+        assert not m.update(100.0, 50.0)
+    assert not m.update(100.0, 90.0)  # within 15%: the streak breaks
+    assert m.streak == 0
+    assert [m.update(50.0, 100.0) for _ in range(20)][-1]
+    assert not any(m.update(100.0, 85.0) for _ in range(40))  # exactly 15% is not divergent
+
+
+def test_elastic_allocator_reallocates_toward_the_slow_stage(caplog):
+    clock = iter(range(1000, 2000)).__next__
+    ea = ElasticAllocator(
+        LINEAR, Pool(8), DivergenceMonitor(0.15, window=20), blend=1.0, clock=clock
+    )
+    start = ea.current
+    assert (start.gen_units, start.train_units) == (3, 5)
+    # at run time training is half as fast as profiled (say, longer segments than profiled)
+    g = predict(LINEAR, "gen", start.gen_units, start.gen_batch)
+    t = predict(LINEAR, "train", start.train_units, start.train_batch) / 2
+    with caplog.at_level(logging.INFO):
+        results = [ea.observe(g, t, step=i) for i in range(20)]
+    assert results[:19] == [None] * 19
+    r = results[19]
+    assert r is not None and r.changed and r.step == 19 and r.decided_at == 1000
+    assert "diverged more than 15% for 20 consecutive steps" in r.cause
+    assert (r.measured_gen, r.measured_train) == (g, t)
+    assert r.old == start and r.new.train_units > start.train_units
+    # with train's curve halved: gen 200/unit, train 50/unit -> gen gets 8 * 50 / 250 = 1.6
+    assert (r.new.gen_units, r.new.train_units) == (2, 6)
+    assert ea.current == r.new and ea.history == [r]
+    assert "reallocation at step 19" in caplog.text and "diverged" in caplog.text
+    done = ea.applied(r, 1.25)
+    assert done.apply_cost_s == 1.25 and ea.history == [done]
+    with ea.applying(done):
+        pass
+    assert ea.history[0].apply_cost_s is not None and ea.history[0].apply_cost_s < 1.0
+
+
+def test_elastic_allocator_records_an_unchanged_split():
+    ea = ElasticAllocator(LINEAR, Pool(8), DivergenceMonitor(0.15, window=3), blend=0.5)
+    cur = ea.current
+    # both stages slower by the same factor: they still diverge as profiled, the split stays
+    g = predict(LINEAR, "gen", cur.gen_units, cur.gen_batch) * 0.5
+    t = predict(LINEAR, "train", cur.train_units, cur.train_batch) * 0.5
+    rs = [ea.observe(g, t) for _ in range(3)]
+    assert rs[-1] is not None and not rs[-1].changed
+    assert ea.profile.throughput("gen", 8, 32) == pytest.approx(1600.0 * 0.75)
