@@ -18,6 +18,7 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 
 from ebrl.algos.grpo import GRPOConfig
 from ebrl.algos.ppo import PPOConfig
+from ebrl.hardware import MachineFacts, local_machine
 
 
 class ConfigError(ValueError):
@@ -142,6 +143,428 @@ class EBRLSchedulerNode:
     resources: dict[str, dict[str, float]] | None = None
 
 
+# === issue 6: hardware, resources, launcher; GPU-cluster policies and simulators ==============
+# Nodes of the gpu/, resources/ and launcher/ groups, of the GPU-only policies (pi0, gr00t,
+# openvla_oft, dreamzero) and of the simulators ebrl has no CPU adapter for (libero, robocasa,
+# behavior). check_machine() (called by validate()) refuses, before any work starts, a config this
+# machine cannot run, and names what to install or change; the machine comes in as data
+# (ebrl.hardware.MachineFacts), so the check is pure and tested on made-up machines.
+@dataclass
+class GPUNode:
+    """One accelerator type (``conf/gpu/``): what the resource manager splits, what Slurm gives."""
+
+    #: the group option's name: cpu, h100, a100, h20, rtx4090, h200
+    name: str = "cpu"
+    #: substring of the CUDA device name that identifies it (None: no GPU)
+    device_name: str | None = None
+    #: streaming multiprocessors per device: the SM pool that MPS quotas divide
+    sm_count: int = 0
+    #: device memory, GiB, as the driver reports it (rounded)
+    memory_gib: float = 0.0
+    #: NVIDIA MPS SM quotas (CUDA_MPS_ACTIVE_THREAD_PERCENTAGE) work on it
+    mps: bool = False
+    #: MIG partitions work on it
+    mig: bool = False
+    #: RT cores (ray tracing): Isaac Sim based simulators (BEHAVIOR) need them
+    rt_cores: bool = False
+    #: Slurm node feature that selects it (sbatch --constraint); site-specific
+    slurm_constraint: str | None = None
+    #: Slurm GRES type (sbatch --gres=gpu:<type>:N); site-specific
+    slurm_gres: str | None = None
+
+
+class AllocatorKind(StrEnum):
+    static = "static"
+    elastic = "elastic"
+
+
+@dataclass
+class ResourcesNode:
+    """How cores, threads and SMs are split between stages (``conf/resources/``). Data only:
+    the resource manager (``ebrl/resources/``) reads it."""
+
+    #: pin each stage process to its cores (os.sched_setaffinity), NUMA-local to its GPU
+    pin: bool = False
+    #: CPU cores of simulation, generation, training (None: the resource manager decides)
+    sim_cores: int | None = None
+    gen_cores: int | None = None
+    train_cores: int | None = None
+    #: torch intra-op threads of the generator and the learner
+    gen_threads: int = 1
+    train_threads: int = 2
+    #: GPU SM share, percent, of generation and training (an MPS cap; None: no quota)
+    gen_sm_pct: int | None = None
+    train_sm_pct: int | None = None
+    #: static: keep the split; elastic: Algorithm 1 re-balances it at run time
+    allocator: AllocatorKind = AllocatorKind.static
+    #: elastic: re-balance when stage throughputs diverge by more than this fraction ...
+    rebalance_threshold: float = 0.15
+    #: ... for this many consecutive steps
+    rebalance_patience: int = 20
+
+
+class LauncherKind(StrEnum):
+    local = "local"
+    submitit_local = "submitit_local"
+    slurm = "slurm"
+
+
+@dataclass
+class LauncherNode:
+    """Where a sweep's jobs run (``conf/launcher/``); its values reach ``hydra.launcher`` (the
+    hydra-submitit-launcher keys) by interpolation, so one place holds them."""
+
+    kind: LauncherKind = LauncherKind.local
+    #: Slurm partition, account and QoS (site-specific)
+    partition: str | None = None
+    account: str | None = None
+    qos: str | None = None
+    #: wall-clock limit of one job, minutes
+    time_min: int = 60
+    nodes: int = 1
+    tasks_per_node: int = 1
+    #: GPUs per node (0: a CPU job)
+    gpus_per_node: int = 0
+    cpus_per_task: int | None = None
+    mem_gb: int | None = None
+    #: node feature (sbatch --constraint); launcher=slurm takes it from the gpu group
+    constraint: str | None = None
+    #: generic resources (sbatch --gres); launcher=slurm_gres builds gpu:<type>:<n> from gpu
+    gres: str | None = None
+    #: jobs of one array that run at once (sbatch --array=0-N%this)
+    array_parallelism: int = 256
+    #: a preempted job goes back to the queue (sbatch --requeue) and resumes from its run folder
+    requeue: bool = True
+    #: resubmissions after a timeout (submitit's max_num_timeout)
+    max_requeues: int = 0
+    #: seconds between Slurm's warning signal and the kill (time to checkpoint)
+    signal_delay_s: int = 120
+    #: whole nodes (sbatch --exclusive): throughput is not measured next to other jobs
+    exclusive: bool = False
+    #: shell lines the sbatch script runs first (module load, source .venv/bin/activate)
+    setup: list[str] = field(default_factory=list)
+
+
+@dataclass
+class GPUPolicyNode:
+    """A large VLA that runs only on NVIDIA GPUs, through RLinf (``conf/policy/pi0.yaml`` ...).
+
+    Its ``_target_`` never pretends: built without a GPU, or without its package, it raises an
+    error that says so (``ebrl.external.GPUPolicy``).
+    """
+
+    _target_: str = "ebrl.external.GPUPolicy"
+    name: str = MISSING
+    description: str = ""
+    #: parameters, billions
+    params_b: float = MISSING
+    #: actions the env executes per policy call (RLinf's num_action_chunks); set chunk_size to it
+    action_chunk: int = MISSING
+    #: the network's own action horizon (may exceed action_chunk)
+    model_horizon: int = MISSING
+    action_dim: int = 7
+    requires_gpu: bool = True
+    #: device memory one GPU needs to train it (8-way FSDP, bf16), GiB; an estimate
+    min_gpu_memory_gib: float = 24.0
+    #: the Python package (import name) that implements it, and how to get it
+    package: str = MISSING
+    install: str = ""
+    #: RLinf's name for it (actor.model.model_name)
+    rlinf_model: str = ""
+    #: a public checkpoint
+    checkpoint: str = ""
+
+
+@dataclass
+class ExternalSimNode:
+    """A simulator ebrl has no CPU adapter for; its runs go through RLinf on GPU nodes.
+
+    Its ``_target_`` (``ebrl.external.ExternalSimulator``) raises an error naming what is missing.
+    """
+
+    _target_: str = "ebrl.external.ExternalSimulator"
+    name: str = MISSING
+    description: str = ""
+    task: str = ""
+    #: the Python package (import name) it needs, and how to get it
+    package: str = MISSING
+    install: str = ""
+    #: environment variables it needs
+    env_vars: list[str] = field(default_factory=list)
+    #: a file or folder its assets put in place ("{package}": the package's folder)
+    assets: str | None = None
+    assets_install: str = ""
+    #: needs a GPU (renderer or GPU physics), and one with RT cores (Isaac Sim)
+    requires_gpu: bool = False
+    requires_rt_cores: bool = False
+    max_episode_steps: int = 512
+    #: RLinf's env type for it (env.train.env_type)
+    rlinf_env: str = ""
+
+
+#: packages the CPU simulators need: node type -> (import name, how to install)
+_SIM_PACKAGES: dict[type, tuple[str, str]] = {
+    ManiSkillSim: ("mani_skill", "pip install -e '.[sim]' (make setup)"),
+}
+
+
+def _option(node: Any, fallback: str) -> str:
+    return str(getattr(node, "name", None) or fallback)
+
+
+def check_machine(run: RunConfig, machine: MachineFacts) -> None:
+    """Raise ConfigError if ``machine`` cannot run ``run``; the message names the fix.
+
+    Checks the gpu group against the machine's GPUs, GPU-only policies and simulators against the
+    gpu group, and simulator packages, environment variables and assets where ``machine`` knows
+    them (a field left None is not checked: a cluster node seen from a laptop).
+    """
+    gpu = run.gpu
+    if gpu.device_name is not None:
+        _check(
+            bool(machine.gpus),
+            f"gpu={gpu.name} asks for an NVIDIA {gpu.device_name}, but {machine.where} has no "
+            "NVIDIA GPU: use gpu=cpu here, or run it on a GPU node (launcher=slurm; preview the "
+            "jobs with `python -m ebrl.launch --dry-run <sweep>`)",
+        )
+        _check(
+            any(gpu.device_name.lower() in g.lower() for g in machine.gpus),
+            f"gpu={gpu.name} asks for an NVIDIA {gpu.device_name}, but {machine.where} has "
+            f"{machine.gpus[0] if machine.gpus else 'none'}: choose the gpu option that matches "
+            "it (conf/gpu/)",
+        )
+        _check(
+            machine.cuda,
+            f"gpu={gpu.name}: {machine.where} has {machine.gpus[0] if machine.gpus else 'a GPU'} "
+            "but torch cannot use it (a CPU build of torch?): install a CUDA build of torch",
+        )
+    for group, node in (("policy", run.policy), ("simulator", run.simulator)):
+        name = _option(node, type(node).__name__)
+        if getattr(node, "requires_gpu", False):
+            _check(
+                gpu.device_name is not None,
+                f"{group}={name} runs only on an NVIDIA GPU, but gpu=cpu: set gpu=h100 (or a100, "
+                "h20, h200) and run it on a GPU node (launcher=slurm); on a CPU machine use "
+                "policy=transformer_l (the VLA-shaped stand-in) and simulator=pushcube",
+            )
+        need_mem = getattr(node, "min_gpu_memory_gib", 0.0)
+        _check(
+            gpu.device_name is None or need_mem <= gpu.memory_gib,
+            f"{group}={name} needs about {need_mem:g} GiB per GPU, gpu={gpu.name} has "
+            f"{gpu.memory_gib:g}: choose a larger gpu (h100, a100, h20, h200)",
+        )
+        if getattr(node, "requires_rt_cores", False) and gpu.device_name is not None:
+            _check(
+                gpu.rt_cores,
+                f"{group}={name} renders with Isaac Sim, which needs a GPU with RT cores; "
+                f"gpu={gpu.name} has none: use an RTX-class GPU (gpu=rtx4090, or an L40S/RTX 6000 "
+                "node added to conf/gpu/)",
+            )
+    sim = run.simulator
+    package, install = _SIM_PACKAGES.get(type(sim), (getattr(sim, "package", None), ""))
+    install = getattr(sim, "install", "") or install
+    sim_name = _option(sim, type(sim).__name__)
+    folder = None
+    if package and machine.find_package is not None:
+        folder = machine.find_package(package)
+        _check(
+            folder is not None,
+            f"simulator={sim_name} needs the Python package '{package}', which {machine.where} "
+            f"cannot import: {install or 'install it'}",
+        )
+    if machine.env is not None:
+        for var in getattr(sim, "env_vars", []):
+            _check(
+                var in machine.env,
+                f"simulator={sim_name} needs the environment variable {var}: "
+                f"{getattr(sim, 'assets_install', '') or 'set it'}",
+            )
+    assets = getattr(sim, "assets", None)
+    if assets and machine.path_exists is not None and (folder or "{package}" not in assets):
+        path = assets.replace("{package}", folder or "")
+        _check(
+            machine.path_exists(path),
+            f"simulator={sim_name}: its assets are missing ({path} does not exist): "
+            f"{getattr(sim, 'assets_install', '') or 'download them'}",
+        )
+    res = run.resources
+    pinned = [c for c in (res.sim_cores, res.gen_cores, res.train_cores) if c is not None]
+    _check(
+        not res.pin or sum(pinned) <= machine.cpus,
+        f"resources: pinning {sum(pinned)} cores (sim/gen/train), but {machine.where} has "
+        f"{machine.cpus}: lower resources.sim_cores/gen_cores/train_cores or set "
+        "resources.pin=false",
+    )
+
+
+def check_issue6_values(run: RunConfig) -> None:
+    """Value checks of the gpu/resources/launcher groups and GPU policies (no machine needed)."""
+    res, lau, gpu = run.resources, run.launcher, run.gpu
+    if isinstance(run.policy, GPUPolicyNode):
+        _check(
+            run.chunk_size == run.policy.action_chunk,
+            f"chunk_size={run.chunk_size}, but policy={run.policy.name} executes "
+            f"{run.policy.action_chunk} actions per call: set chunk_size=${{policy.action_chunk}}",
+        )
+    for key in ("sim_cores", "gen_cores", "train_cores"):
+        v = getattr(res, key)
+        _check(v is None or v >= 1, f"resources.{key}={v}: must be >= 1 (or null)")
+    _check(res.gen_threads >= 1 and res.train_threads >= 1, "resources.*_threads must be >= 1")
+    for key in ("gen_sm_pct", "train_sm_pct"):
+        v = getattr(res, key)
+        _check(v is None or 1 <= v <= 100, f"resources.{key}={v}: must be 1..100 (or null)")
+        _check(
+            v is None or gpu.device_name is not None,
+            f"resources.{key}={v}: an SM share needs a GPU, but gpu=cpu: leave it null",
+        )
+    _check(0 < res.rebalance_threshold < 1, "resources.rebalance_threshold must be in (0, 1)")
+    _check(res.rebalance_patience >= 1, "resources.rebalance_patience must be >= 1")
+    _check(lau.time_min >= 1, f"launcher.time_min={lau.time_min}: must be >= 1 minute")
+    _check(lau.nodes >= 1 and lau.tasks_per_node >= 1, "launcher.nodes/tasks_per_node must be >= 1")
+    _check(lau.array_parallelism >= 1, "launcher.array_parallelism must be >= 1")
+    _check(lau.max_requeues >= 0, "launcher.max_requeues must be >= 0")
+    if lau.kind == LauncherKind.slurm:
+        if gpu.device_name is None:
+            _check(
+                lau.gpus_per_node == 0 and not lau.gres,
+                f"launcher asks for GPUs (gpus_per_node={lau.gpus_per_node}, gres={lau.gres}) "
+                "but gpu=cpu: set a gpu (gpu=h100 ...) or launcher.gpus_per_node=0",
+            )
+        else:
+            _check(
+                lau.gpus_per_node >= 1,
+                f"gpu={gpu.name} but launcher.gpus_per_node=0: a GPU job needs >= 1 GPU per node",
+            )
+
+
+def target_machine(run: RunConfig) -> MachineFacts:
+    """The machine a launcher would give ``run`` (for dry runs): its gpu group's GPUs and CPUs;
+    packages, paths and environment unknown (not checked)."""
+    gpu, lau = run.gpu, run.launcher
+    n = max(1, lau.gpus_per_node) if gpu.device_name else 0
+    return MachineFacts(
+        where=f"a {lau.kind.value} node with gpu={gpu.name}",
+        gpus=(f"NVIDIA {gpu.device_name}",) * n,
+        cuda=n > 0,
+        cpus=lau.cpus_per_task or 10**6,
+    )
+
+
+_SCHEMAS_ISSUE6: list[tuple[str, str, type]] = [
+    ("gpu", "gpu_schema", GPUNode),
+    ("resources", "resources_schema", ResourcesNode),
+    ("launcher", "launcher_schema", LauncherNode),
+    ("policy", "gpu_policy_schema", GPUPolicyNode),
+    ("simulator", "external_schema", ExternalSimNode),
+]
+
+
+def _sbatch_extra(requeue: bool, exclusive: bool) -> dict[str, Any]:
+    """sbatch flags the hydra-submitit-launcher has no key for (its ``additional_parameters``).
+
+    A flag that is off is left out or negated: sbatch has no ``--requeue=false``.
+    """
+    extra: dict[str, Any] = {"requeue": True} if requeue else {"no-requeue": True}
+    if exclusive:
+        extra["exclusive"] = True
+    return extra
+
+
+def _none_if_zero(value: Any) -> Any:
+    """``${ebrl.none_if_zero:${launcher.gpus_per_node}}``: 0 GPUs means no GPU request at all."""
+    return None if value == 0 else value
+
+
+# === end of issue 6 block ======================================================================
+
+
+# === issue 5: baselines (RLinf's Colocated, Hybrid, Async) ====================================
+# Replicas on ebrl's own stages and workers (baselines/*.py) and launchers of real RLinf
+# (baselines/rlinf/). Value checks live in __post_init__, so validate() reports them by name.
+@dataclass
+class ColocatedSchedulerNode:
+    """RLinf Colocated replica: every stage on all cores, in turn; weights reloaded every step."""
+
+    _target_: str = "baselines.colocated.ColocatedScheduler"
+    #: torch threads generation and training each get in their turn (None: every core)
+    threads: int | None = None
+    #: drop the generator's weights after each rollout, reload them from the learner
+    offload: bool = True
+
+
+@dataclass
+class HybridSchedulerNode:
+    """RLinf Hybrid replica: sim and gen disaggregated, pipelined over env_groups=2."""
+
+    _target_: str = "baselines.hybrid.HybridScheduler"
+    backend: BackendKind = BackendKind.ray
+    sim_workers: int = 2
+    #: the learner's torch threads (None: every core; it trains alone)
+    train_threads: int | None = None
+    ray_address: str = "local"
+    resources: dict[str, dict[str, float]] | None = None
+
+
+@dataclass
+class AsyncSchedulerNode:
+    """RLinf async PPO replica: rollout and training at once on a static thread split."""
+
+    _target_: str = "baselines.async_ppo.AsyncScheduler"
+    backend: BackendKind = BackendKind.ray
+    sim_workers: int = 2
+    #: RLinf's algorithm.staleness_threshold: 1 or 2
+    staleness: int = 1
+    ray_address: str = "local"
+    resources: dict[str, dict[str, float]] | None = None
+
+    def __post_init__(self) -> None:
+        _check(self.staleness in (1, 2), f"scheduler.staleness={self.staleness}: must be 1 or 2")
+
+
+@dataclass
+class RLinfLaunchNode:
+    """Real RLinf: needs a CUDA GPU, the ``rlinf`` extra and an RLinf checkout (its examples/)."""
+
+    _target_: str = "baselines.rlinf.launch.RLinfScheduler"
+    #: colocated | hybrid | async (each rlinf_*.yaml option sets it)
+    mode: str = MISSING
+    #: GPUs per node, and nodes (cluster.num_nodes)
+    gpus: int = 1
+    nodes: int = 1
+    #: an RLinf v0.3 checkout, for its entry points and configs (None: $RLINF_REPO)
+    repo: str | None = None
+    #: an RLinf model config (examples/embodiment/config/model/<name>.yaml) instead of policy
+    model: str | None = None
+    #: an RLinf env config (examples/embodiment/config/env/<name>.yaml) instead of simulator
+    env: str | None = None
+    #: dotted RLinf keys set last, e.g. {actor.model.model_path: /ckpt}
+    overrides: dict[str, Any] = field(default_factory=dict)
+    #: seconds between reads of RLinf's logs
+    poll_s: float = 5.0
+
+    def __post_init__(self) -> None:
+        # refuse in validate(), before the run folder and the MLflow run exist
+        from baselines.rlinf.launch import require_rlinf
+
+        require_rlinf(self.repo)
+
+
+@dataclass
+class RLinfAsyncNode(RLinfLaunchNode):
+    #: algorithm.staleness_threshold: 1 or 2
+    staleness: int = 1
+
+
+_SCHEMAS_ISSUE5: list[tuple[str, str, type]] = [
+    ("scheduler", "colocated_schema", ColocatedSchedulerNode),
+    ("scheduler", "hybrid_schema", HybridSchedulerNode),
+    ("scheduler", "async_schema", AsyncSchedulerNode),
+    ("scheduler", "rlinf_schema", RLinfLaunchNode),
+    ("scheduler", "rlinf_async_schema", RLinfAsyncNode),
+]
+# === end of issue 5 block ======================================================================
+
+
 # --- run --------------------------------------------------------------------------------------
 @dataclass
 class BudgetConfig:
@@ -194,6 +617,12 @@ class RunConfig:
     threads: ThreadsConfig = field(default_factory=ThreadsConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    #: issue 6: accelerator type, stage resource split, where jobs run
+    gpu: GPUNode = field(default_factory=GPUNode)
+    resources: ResourcesNode = field(default_factory=ResourcesNode)
+    launcher: LauncherNode = field(default_factory=LauncherNode)
+    #: which variant of a sweep axis this run is (e.g. ablation/full); a param in MLflow
+    variant: str = ""
     #: run seed: policy init, sampling, env reset seeds
     seed: int = 0
     #: environments in total
@@ -232,6 +661,12 @@ def register() -> None:
         ("scheduler", "ebrl_schema", EBRLSchedulerNode),
     ]:
         cs.store(group=group, name=name, node=node)
+    for group, name, node in _SCHEMAS_ISSUE5:  # issue 5
+        cs.store(group=group, name=name, node=node)
+    for group, name, node in _SCHEMAS_ISSUE6:  # issue 6
+        cs.store(group=group, name=name, node=node)
+    OmegaConf.register_new_resolver("ebrl.sbatch_extra", _sbatch_extra, replace=True)
+    OmegaConf.register_new_resolver("ebrl.none_if_zero", _none_if_zero, replace=True)
 
 
 def _check(ok: bool, msg: str) -> None:
@@ -239,8 +674,14 @@ def _check(ok: bool, msg: str) -> None:
         raise ConfigError(msg)
 
 
-def validate(cfg: DictConfig) -> RunConfig:
-    """Resolve and check a composed config; returns it as typed objects or raises ConfigError."""
+def validate(cfg: DictConfig, machine: MachineFacts | None = None) -> RunConfig:
+    """Resolve and check a composed config; returns it as typed objects or raises ConfigError.
+
+    Args:
+        cfg: the composed config.
+        machine: what the machine that will run it has (default: probe this one); a config
+            it cannot run (a GPU policy without a GPU, a missing simulator package) fails here.
+    """
     try:
         run: RunConfig = OmegaConf.to_object(cfg)  # type: ignore[assignment]
     except Exception as e:  # omegaconf's errors name the key; keep its message
@@ -277,4 +718,6 @@ def validate(cfg: DictConfig) -> RunConfig:
     if isinstance(run.simulator, SyntheticSim):
         _check(run.simulator.step_cost_ms >= 0, "simulator.step_cost_ms must be >= 0")
         _check(run.simulator.tail_ratio >= 1.0, "simulator.tail_ratio (P99/mean) must be >= 1")
+    check_machine(run, machine if machine is not None else local_machine())
+    check_issue6_values(run)
     return run

@@ -49,6 +49,8 @@ class Summary:
     policy: str
     simulator: str
     algo: str
+    #: which code ran the schedule: "ebrl" (our engine, replicas included) or "rlinf"
+    implementation: str = "ebrl"
     iterations: int = 0
     env_steps: int = 0
     wall_s: float = 0.0
@@ -111,7 +113,7 @@ def _tracker(
         "seed": str(run.seed),
         "git_commit": summary.commit,
         "machine": summary.machine,
-        "implementation": "ebrl",
+        "implementation": summary.implementation,
     }
     name = run.tracking.run_name or (
         f"{summary.scheduler}-{summary.policy}-{summary.simulator}-s{run.seed}"
@@ -208,12 +210,14 @@ def train(cfg: DictConfig) -> Summary:
         )
     np.random.seed(run.seed + prog.iterations)
     torch.manual_seed(run.seed + prog.iterations)
+    # the scheduler first: a constructor that refuses its settings leaves no MLflow run behind
+    scheduler = instantiate(cfg.scheduler)
+    summary.implementation = getattr(scheduler, "implementation", "ebrl")
     tracker = _tracker(run, summary, cfg, resume_id=prog.mlflow_run_id)
     prog.mlflow_run_id = tracker.run_id
     summary.iterations, summary.env_steps = prog.iterations, prog.env_steps
     summary.time_to_80, summary.steps_to_80 = prog.time_to_80, prog.steps_to_80
     timeline = Timeline()
-    scheduler = instantiate(cfg.scheduler)
     factory = StageFactory.from_config(cfg)
     if run.checkpoint.every_iters > 0:
         factory = replace(

@@ -63,7 +63,8 @@ def test_behaviour_weights_and_dropping():
     behav = -torch.tensor([1.0, 1.5, 3.0, 0.5]).log()  # w = exp(prox - behav) = 1, 1.5, 3, .5
     adv = torch.ones(4)
     out = _loss(prox.clone(), prox, behav, adv)  # ratio 1: per-sample loss -A = -1
-    assert out.loss.item() == pytest.approx(-(1.0 + 1.5 + 0.0 + 0.5) / 4)  # w=3 dropped
+    # w=3 dropped; the mean runs over the 3 kept samples (RLinf v0.3 masked_mean)
+    assert out.loss.item() == pytest.approx(-(1.0 + 1.5 + 0.5) / 3)
     assert out.behave_dropped_frac == pytest.approx(0.25)
     assert out.behave_weight_mean == pytest.approx(1.0)
     kept_all = _loss(prox.clone(), prox, behav, adv, behave_weight_threshold=None)

@@ -68,7 +68,8 @@ def decoupled_ppo_loss(
             so a huge ratio on a bad action cannot dominate the gradient; None disables it.
 
     Returns:
-        The loss (mean over all B samples, dropped ones counted as zero) and diagnostics.
+        The loss (mean over the kept samples, as RLinf v0.3's ``masked_mean`` over its behaviour
+        mask does in ``compute_decoupled_ppo_actor_loss``) and diagnostics.
     """
     prox_logprob = prox_logprob.detach()
     log_ratio = logprob - prox_logprob  # [B]
@@ -95,7 +96,7 @@ def decoupled_ppo_loss(
         clipfrac = float(((ratio - 1.0).abs() > clip_coef).float().mean()) if ratio.numel() else 0.0
     b = max(advantages.numel(), 1)
     return PolicyLoss(
-        loss=(pg * weight).sum() / b,
+        loss=(pg * weight).sum() / max(n_keep, 1),
         approx_kl=approx_kl,
         clipfrac=clipfrac,
         behave_weight_mean=float(weight.sum()) / n_keep if n_keep else 0.0,

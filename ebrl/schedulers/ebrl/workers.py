@@ -237,10 +237,14 @@ class GenWorker(_Worker):
         eligible = [e for e in ready if self._eligible(e, decisions)]
         if not eligible:
             return []
-        if not plan.step_level:  # whole groups only: the lock-step barrier of levels 1-2
-            return [
-                e for g in plan.groups if all(x in ready and x in eligible for x in g) for e in g
-            ]
+        if not plan.step_level:
+            # whole groups only (the lock-step barrier of levels 1-2), one group per batch: the
+            # first group's chunks go out while the generator works on the next (pipelining)
+            ok = set(eligible)
+            for g in plan.groups:
+                if all(x in ok for x in g):
+                    return list(g)
+            return []
         waited = time.perf_counter() - ready[eligible[0]]
         if len(eligible) >= plan.batch_min or waited >= plan.batch_timeout_s:
             return eligible

@@ -1,0 +1,1 @@
+"""Real RLinf (the optional ``rlinf`` extra): config translation and launch wrappers."""
