@@ -49,21 +49,28 @@ WORKLOAD = [
     "algo.cfg.num_minibatches=2",
 ]
 OFF = ["scheduler.overlap=false", "scheduler.pipeline=false", "scheduler.step_level=false"]
-#: name -> overrides. "sync" is the in-process synchronous scheduler; "sync-workers" the same
-#: lock-step schedule on EBRL's worker processes (all levels off), the stronger of the two.
+#: name -> overrides. Baselines first: "sync" is the in-process synchronous scheduler,
+#: "sync-workers" the same lock-step schedule on EBRL's worker processes (all levels off), and
+#: colocated / hybrid / async are the RLinf replicas (baselines/). Then EBRL's levels added one
+#: at a time: async is "+overlap" (k=1, one group, no step level), "+pipeline" adds env-group
+#: pipelining, and "ebrl" adds step-level orchestration.
 CONFIGS: dict[str, list[str]] = {
     "sync": ["scheduler=sync", "threads.gen=1", "threads.train=2"],
+    "colocated": ["scheduler=colocated"],
     "sync-workers": ["scheduler=ebrl", *OFF, "threads.train=2"],
-    "+overlap": [
-        "scheduler=ebrl",
-        "scheduler.pipeline=false",
-        "scheduler.step_level=false",
-        "threads.train=1",
-    ],
+    "hybrid": ["scheduler=hybrid", "threads.gen=1"],
+    "async": ["scheduler=async", "scheduler.staleness=1", "threads.gen=1", "threads.train=1"],
     "+pipeline": ["scheduler=ebrl", "scheduler.step_level=false", "threads.train=1"],
     "ebrl": ["scheduler=ebrl", "threads.train=1"],
 }
-SYNC = ("sync", "sync-workers")
+BASELINES = ("sync", "colocated", "sync-workers", "hybrid", "async")
+ABLATION = (
+    ("levels off", "sync-workers"),
+    ("+overlap (k=1)", "async"),
+    ("+pipeline (G=2)", "+pipeline"),
+    ("+step level", "ebrl"),
+)
+IN_PROCESS = ("sync", "colocated")
 
 
 def run(name: str, seed: int, iters: int, warmup: int, out: Path) -> dict:
@@ -86,7 +93,7 @@ def run(name: str, seed: int, iters: int, warmup: int, out: Path) -> dict:
     s = json.loads((run_dir / "summary.json").read_text())
     rows = list(csv.DictReader((run_dir / "metrics.csv").open()))
     s.update(config=name, seed=seed, command=" ".join(cmd[1:]))
-    s.update(bound_and_overhead(rows, warmup, sim_workers=2 if name != "sync" else 1))
+    s.update(bound_and_overhead(rows, warmup, sim_workers=1 if name in IN_PROCESS else 2))
     print(
         f"  {name:13s} seed {seed}: {s['throughput_e2e']:7.1f} steps/s "
         f"(bound {s['bound']:.0f}, glue cpu {s['glue_cpu_frac']:.3f})",
@@ -103,6 +110,7 @@ def bound_and_overhead(rows: list[dict], warmup: int, sim_workers: int) -> dict:
         return float(b.get(key) or 0) - float(a.get(key) or 0)
 
     steps = d("env/steps_total")
+    # "offload" (colocated) sits inside a gen span: not counted twice
     cpu = {st: d(f"time/{st}/cpu_s") for st in ("sim", "gen", "train", "sync", "load")}
     cores = os.cpu_count() or 1
     work = sum(cpu.values())
@@ -148,6 +156,24 @@ def main() -> None:
     if "ebrl" in names:
         for base in [n for n in names if n != "ebrl"]:
             lines.append(f"| ebrl / {base} | {ratio_ci(tp('ebrl'), tp(base)).fmt('.3f')} |")
+        bases = [n for n in names if n in BASELINES]
+        if bases:
+            best = max(bases, key=lambda n: tp(n).mean())
+            r = ratio_ci(tp("ebrl"), tp(best))
+            lines += ["", f"strongest baseline: {best}; EBRL speedup over it: {r.fmt('.3f')}"]
+        steps = [(label, n) for label, n in ABLATION if n in names]
+        if len(steps) > 1:
+            lines += [
+                "",
+                "| ablation (cumulative) | steps/s | x previous | x levels off |",
+                "|---|---|---|---|",
+            ]
+            for i, (label, n) in enumerate(steps):
+                prev = ratio_ci(tp(n), tp(steps[i - 1][1])).fmt(".3f") if i else "-"
+                first = ratio_ci(tp(n), tp(steps[0][1])).fmt(".3f") if i else "-"
+                lines.append(
+                    f"| {label} ({n}) | {bootstrap_ci(tp(n)).fmt('.1f')} | {prev} | {first} |"
+                )
     ebrl_rows = [r for r in rows if r["config"] == "ebrl"]
     if ebrl_rows:
         eff = np.array([r["throughput_e2e"] / r["bound"] for r in ebrl_rows])
