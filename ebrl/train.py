@@ -8,6 +8,7 @@ update), ``timeline.json`` (Chrome trace) and ``summary.json``; the same go to M
 from __future__ import annotations
 
 import csv
+import hashlib
 import json
 import logging
 import math
@@ -27,7 +28,7 @@ import torch
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from ebrl.config import RunConfig, register, validate
+from ebrl.config import ConfigError, RunConfig, register, validate
 from ebrl.schedulers.base import RunContext
 from ebrl.stages.factory import StageFactory
 from ebrl.timeline import Timeline
@@ -158,6 +159,8 @@ class Progress:
     """What the driver needs to continue a run: written after every logged update."""
 
     mlflow_run_id: str | None = None
+    #: fingerprint of the config that made this progress (a run folder resumes only its own run)
+    config_hash: str = ""
     iterations: int = 0
     env_steps: int = 0
     wall_s: float = 0.0
@@ -199,9 +202,16 @@ def train(cfg: DictConfig) -> Summary:
         run_dir / "progress.json",
         run_dir / "metrics.jsonl",
     )
+    fingerprint = config_hash(cfg)
     prog = Progress.load(prog_path) if run.checkpoint.resume else None
+    if prog is not None and prog.config_hash != fingerprint:
+        raise ConfigError(
+            f"run folder {run_dir} holds progress of a run with a different config; "
+            "resuming it would mix two runs: choose another run_dir, delete that folder, or "
+            "set checkpoint.resume=false to start over in it"
+        )
     if prog is None or not ckpt_path.exists():
-        prog = Progress()
+        prog = Progress(config_hash=fingerprint)
         for p in (ckpt_path, prog_path, jsonl):
             p.unlink(missing_ok=True)
     else:
@@ -295,6 +305,15 @@ def train(cfg: DictConfig) -> Summary:
         summary.overhead_frac = max(0.0, 1.0 - covered / max(steady_s, 1e-9))
         _write_outputs(run_dir, jsonl, summary, timeline, tracker)
     return summary
+
+
+def config_hash(cfg: DictConfig) -> str:
+    """Fingerprint of what a run computes: the resolved config without where it writes, its
+    budget (a resumed run may be given more) and display settings."""
+    c = OmegaConf.to_container(cfg, resolve=True)
+    for k in ("run_dir", "budget", "progress", "tracking"):
+        c.pop(k, None)  # type: ignore[union-attr]
+    return hashlib.sha256(json.dumps(c, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 def _save_progress(

@@ -83,3 +83,19 @@ def test_sigterm_then_rerun_resumes_into_the_same_mlflow_run(tmp_path):
     ckpt = torch.load(tmp_path / "run" / "checkpoint.pt", weights_only=True)
     # the learner continued from its checkpoint: its version counts every update of both attempts
     assert ckpt["version"] >= 10
+
+
+def test_a_run_folder_refuses_to_resume_a_different_config(tmp_path):
+    from ebrl.config import ConfigError
+    from ebrl.train import train
+
+    from .conftest import make_cfg
+
+    base = [*TINY, f"run_dir={tmp_path / 'run'}", "tracking.enabled=false"]
+    train(make_cfg(base))
+    with pytest.raises(ConfigError, match="different config"):
+        train(make_cfg([*base, "seed=7"]))
+    # a bigger budget is the same run: it resumes
+    s = train(make_cfg([o if not o.startswith("budget.iterations") else "budget.iterations=5"
+                        for o in base]))
+    assert s.iterations == 5

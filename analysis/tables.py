@@ -1,0 +1,524 @@
+"""The paper's result tables from the tidy run table, as Markdown and LaTeX.
+
+One function per table kind; each takes the runs DataFrame (``analysis.export``'s ``runs.csv``)
+and the columns that define a configuration and a scheduler, and returns a :class:`Table`:
+``headline`` (throughput per configuration and scheduler, speedup over the strongest baseline),
+``scaling`` (the same along a scale column), ``ablation`` (EBRL's levels), ``staleness``
+(throughput and final success per k), ``grpo`` (throughput and success per algorithm) and
+``convergence`` (time to a success threshold, from the curves). Cells read ``mean [95% CI]``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from analysis import stats
+
+#: column -> what a table header calls it
+LABELS = {
+    "throughput_e2e": "end-to-end env steps/s",
+    "throughput_overall": "env steps/s (whole run)",
+    "success_rate": "final success rate",
+    "overhead_frac": "engine overhead (fraction of wall time)",
+    "wall_s": "wall-clock s",
+    "time_to_threshold": "wall-clock s to threshold",
+    "scheduler_variant": "scheduler",
+    "param.variant": "variant",
+    "param.num_envs": "envs",
+    "param.scheduler.staleness": "k",
+    "param.policy.size": "size",
+    "param.gpu.name": "gpu",
+}
+TARGET = "EBRLScheduler"
+#: the ablation's levels: runs.csv column -> the value that means "on"
+LEVELS: dict[str, object] = {
+    "param.scheduler.overlap": True,
+    "param.scheduler.pipeline": True,
+    "param.scheduler.step_level": True,
+    "param.resources.allocator": "elastic",
+}
+DASH = "–"
+
+
+@dataclass
+class Table:
+    """A rendered result table: header, string cells and notes (caption lines)."""
+
+    title: str
+    header: list[str]
+    rows: list[list[str]]
+    notes: list[str] = field(default_factory=list)
+
+    def markdown(self) -> str:
+        """A GitHub-flavoured Markdown table under a heading, notes below it."""
+        lines = [f"### {self.title}", "", "| " + " | ".join(self.header) + " |"]
+        lines.append("|" + "|".join("---" for _ in self.header) + "|")
+        lines += ["| " + " | ".join(c.replace("|", "\\|") for c in r) + " |" for r in self.rows]
+        if self.notes:
+            lines += ["", *[f"- {n}" for n in self.notes]]
+        return "\n".join(lines) + "\n"
+
+    def latex(self, label: str | None = None) -> str:
+        """A ``table`` float with a booktabs ``tabular`` (packages: booktabs, amssymb)."""
+        cols = "l" * len(self.header)
+        body = [" & ".join(_tex(c) for c in r) + r" \\" for r in self.rows]
+        caption = ". ".join(_tex(x.rstrip(".")) for x in [self.title, *self.notes]) + "."
+        out = [
+            r"\begin{table}[t]",
+            r"\centering",
+            r"\small",
+            rf"\begin{{tabular}}{{{cols}}}",
+            r"\toprule",
+            " & ".join(_tex(h) for h in self.header) + r" \\",
+            r"\midrule",
+            *body,
+            r"\bottomrule",
+            r"\end{tabular}",
+            rf"\caption{{{caption}}}",
+        ]
+        if label:
+            out.append(rf"\label{{{label}}}")
+        return "\n".join([*out, r"\end{table}"]) + "\n"
+
+
+_TEX = {
+    "\\": r"\textbackslash{}",
+    "&": r"\&",
+    "%": r"\%",
+    "$": r"\$",
+    "#": r"\#",
+    "_": r"\_",
+    "{": r"\{",
+    "}": r"\}",
+    "~": r"\textasciitilde{}",
+    "^": r"\textasciicircum{}",
+    "–": "--",
+    "≥": r"$\geq$",
+    "×": r"$\times$",
+    "✓": r"\checkmark{}",
+    "✗": "--",
+}
+
+
+def _tex(s: str) -> str:
+    """Escape text for LaTeX; ``code`` spans become ``\\texttt``."""
+    parts = str(s).split("`")
+    esc = ["".join(_TEX.get(ch, ch) for ch in p) for p in parts]
+    return "".join(rf"\texttt{{{e}}}" if i % 2 else e for i, e in enumerate(esc))
+
+
+def label(col: str) -> str:
+    """Header text for a column."""
+    return LABELS.get(col, col.removeprefix("param."))
+
+
+def fmt_ci(mean: float, lo: float, hi: float, n: int, spec: str = ".1f") -> str:
+    """``mean [lo, hi]``; ``mean (n=1)`` without a CI; a dash when there is no value."""
+    n = int(n)
+    if n == 0 or mean is None or np.isnan(mean):
+        return DASH
+    if n < 2 or np.isnan(lo):
+        return f"{mean:{spec}} (n={n})"
+    return f"{mean:{spec}} [{lo:{spec}}, {hi:{spec}}]"
+
+
+def _fmt(row: pd.Series, spec: str) -> str:
+    """:func:`fmt_ci` of a summary row (``mean``, ``ci_low``, ``ci_high``, ``n``)."""
+    return fmt_ci(row["mean"], row["ci_low"], row["ci_high"], int(row["n"]), spec)
+
+
+def _fmt_ratio(row: pd.Series, prefix: str = "") -> str:
+    """A ratio row (``ratio``, ``ci_low``, ``ci_high``, ``n``, ``n_baseline``): its CI needs at
+    least two runs on each side."""
+    n = int(min(row["n"], row["n_baseline"]))
+    return prefix + fmt_ci(row["ratio"], row["ci_low"], row["ci_high"], n, ".2f")
+
+
+def _cell(v: object) -> str:
+    if v is None or (isinstance(v, float) and np.isnan(v)) or v is pd.NA:
+        return DASH
+    if isinstance(v, float) and v.is_integer():
+        return str(int(v))
+    return str(v)
+
+
+def _ci_notes(n_min: int, ci: str, missing: int = 0) -> list[str]:
+    notes = [f"mean [95% CI] over seeds ({'percentile bootstrap' if ci == 'bootstrap' else 't'})"]
+    if ci == "bootstrap" and 0 < n_min < 10:
+        measured = ", ".join(f"{v:.0%} at n={n}" for n, v in stats.PERCENTILE_COVERAGE.items())
+        notes.append(
+            f"fewest seeds in a cell: {n_min}; percentile bootstrap 95% CIs under-cover with few "
+            f"seeds (measured on normal data: {measured}): read them as a spread"
+        )
+    if missing:
+        notes.append(f"{missing} run(s) lack the value and are left out of their cell")
+    return notes
+
+
+def _pooled_notes(df: pd.DataFrame, by: Sequence[str], seed_col: str = "seed") -> list[str]:
+    """A warning when a cell holds several runs of one seed: runs that differ in a setting the
+    grouping does not name (a param, a machine) would be pooled as if they were seeds."""
+    if seed_col not in df or df.empty:
+        return []
+    counts = df.groupby([*by, seed_col], dropna=False).size()
+    dup = counts[counts > 1]
+    if dup.empty:
+        return []
+    cells = sorted({" / ".join(map(str, k[:-1])) for k in dup.index})
+    return [
+        f"{len(cells)} cell(s) hold more than one run per seed ({'; '.join(cells[:3])}"
+        f"{'...' if len(cells) > 3 else ''}): settings that differ between them are pooled; "
+        "add the column that tells them apart to the grouping"
+    ]
+
+
+def _sort_key(df: pd.DataFrame, cols: Sequence[str]) -> pd.DataFrame:
+    return df.sort_values(list(cols), kind="stable", na_position="first").reset_index(drop=True)
+
+
+def headline(
+    runs: pd.DataFrame,
+    *,
+    value: str = "throughput_e2e",
+    config_cols: Sequence[str] = ("simulator", "policy"),
+    scheduler_col: str = "scheduler_variant",
+    target: str = TARGET,
+    baselines: Sequence[str] | None = None,
+    extra: Sequence[str] = (),
+    title: str = "End-to-end throughput and speedup over the strongest baseline",
+    spec: str = ".1f",
+    ci: str = "bootstrap",
+    rng: np.random.Generator | None = None,
+) -> Table:
+    """Throughput per configuration and scheduler, with the ratio to the strongest baseline.
+
+    Args:
+        runs: one row per run.
+        value: the measured column; higher is better.
+        config_cols: columns that define a configuration (each gets its own strongest baseline).
+        scheduler_col: the column naming a run's scheduler.
+        target: the scheduler under study; every other one is a baseline unless ``baselines``.
+        extra: more columns to summarise per row (e.g. ``success_rate``), as ``mean [CI]``.
+
+    Returns:
+        Rows per configuration and scheduler: n, value mean [CI], IQM, the ratio to the strongest
+        baseline [CI] ("strongest baseline" on its own row) and P(target beats this scheduler).
+    """
+    rng = rng or np.random.default_rng(0)
+    by = [*config_cols, scheduler_col]
+    summ = stats.summarize(runs, value, by, ci=ci, rng=rng)
+    sp = stats.speedup_over_baseline(
+        runs,
+        value,
+        target=target,
+        baselines=baselines,
+        config_cols=config_cols,
+        scheduler_col=scheduler_col,
+        rng=rng,
+    )
+    pi = stats.improvement_probabilities(
+        runs,
+        value,
+        target=target,
+        baselines=baselines,
+        config_cols=config_cols,
+        scheduler_col=scheduler_col,
+        rng=rng,
+    )
+    sp = sp[[*by, "baseline", "ratio", "ci_low", "ci_high", "n_baseline"]].rename(
+        columns={"ci_low": "r_low", "ci_high": "r_high"}
+    )
+    pi = pi.rename(columns={"baseline": scheduler_col, "p": "p_improve"})[[*by, "p_improve"]]
+    m = summ.merge(sp, on=by, how="left").merge(pi, on=by, how="left")
+    for c in extra:
+        e = stats.summarize(runs, c, by, ci=ci, rng=rng)[[*by, "n", "mean", "ci_low", "ci_high"]]
+        m = m.merge(
+            e.rename(columns={k: f"{c}:{k}" for k in ("n", "mean", "ci_low", "ci_high")}),
+            on=by,
+            how="left",
+        )
+    header = [label(c) for c in by] + ["n", label(value), "IQM", *map(label, extra)]
+    header += ["× strongest baseline", f"P({target} better)"]
+    rows = []
+    for _, r in _sort_key(m, by).iterrows():
+        cells = [_cell(r[c]) for c in by] + [str(int(r["n"]))]
+        cells += [fmt_ci(r["mean"], r["ci_low"], r["ci_high"], r["n"], spec), f"{r['iqm']:{spec}}"]
+        cells += [
+            fmt_ci(r[f"{c}:mean"], r[f"{c}:ci_low"], r[f"{c}:ci_high"], r[f"{c}:n"], ".2f")
+            for c in extra
+        ]
+        if r[scheduler_col] == r["baseline"]:
+            cells.append("1 (strongest baseline)")
+        else:
+            n = int(min(r["n"], r["n_baseline"]))
+            cells.append(fmt_ci(r["ratio"], r["r_low"], r["r_high"], n, ".2f"))
+        cells.append(DASH if pd.isna(r["p_improve"]) else f"{r['p_improve']:.2f}")
+        rows.append(cells)
+    notes = [
+        f"{label(value)} (`{value}`); × strongest baseline: ratio of means to the baseline with "
+        "the highest mean in the same configuration, 95% bootstrap CI (paired by seed when "
+        "both ran the same seeds)",
+        f"P({target} better): probability that a run of {target} beats a run of that scheduler",
+        *_ci_notes(int(summ["n"].min()) if len(summ) else 0, ci, int(summ["n_missing"].sum())),
+        *_pooled_notes(runs, by),
+    ]
+    return Table(title, header, rows, notes)
+
+
+def scaling(
+    runs: pd.DataFrame,
+    *,
+    scale_col: str = "param.num_envs",
+    config_cols: Sequence[str] = ("simulator", "policy"),
+    title: str = "Throughput as the workload scales",
+    **kw,
+) -> Table:
+    """:func:`headline` with the scale column (envs, GPUs, nodes...) as part of the configuration,
+    so each scale gets its own strongest baseline."""
+    return headline(runs, config_cols=[*config_cols, scale_col], title=title, **kw)
+
+
+def grpo(
+    runs: pd.DataFrame,
+    *,
+    config_cols: Sequence[str] = ("simulator", "policy"),
+    algo_col: str = "algo",
+    extra: Sequence[str] = ("success_rate",),
+    title: str = "Throughput and final success per algorithm (PPO, GRPO)",
+    **kw,
+) -> Table:
+    """:func:`headline` per algorithm, with the final success rate beside throughput."""
+    return headline(runs, config_cols=[*config_cols, algo_col], extra=extra, title=title, **kw)
+
+
+def _is_on(v: object, on: object) -> bool:
+    return str(v).lower() == str(on).lower()
+
+
+def _on(levels_label: str) -> set[str]:
+    """``"overlap+pipeline"`` -> {overlap, pipeline}; ``"none"`` -> {}."""
+    return set(levels_label.split("+")) - {"none"}
+
+
+def level_names(levels: Sequence[str]) -> list[str]:
+    """``param.scheduler.step_level`` -> ``step_level``."""
+    return [c.rsplit(".", 1)[-1] for c in levels]
+
+
+def with_levels(
+    runs: pd.DataFrame, levels: Mapping[str, object] = LEVELS
+) -> tuple[pd.DataFrame, list[str], list[str]]:
+    """Label each run by the ablation levels it has on.
+
+    Only the level columns present in ``runs`` count (older exports lack the allocator).
+
+    Returns:
+        The runs that have every present level column, with a ``levels`` column
+        ("overlap+pipeline", "none"...); the combinations in ablation order (by how many levels are
+        on, then earlier levels first, so a cumulative sweep reads none -> overlap ->
+        overlap+pipeline -> ... and leave-one-out rows sit just before all-on); the level names.
+
+    Raises:
+        ValueError: ``runs`` has none of the level columns (not an ablation export).
+    """
+    present = {c: on for c, on in levels.items() if c in runs}
+    if not present:
+        raise ValueError(f"the runs table has none of {list(levels)}: not an ablation export")
+    names = level_names(list(present))
+    df = runs.dropna(subset=list(present)).copy()
+    flags = [[_is_on(v, on) for v in df[c]] for c, on in present.items()]  # (levels, runs)
+    df["levels"] = ["+".join(n for n, f in zip(names, row) if f) or "none" for row in zip(*flags)]
+
+    def rank(lv: str) -> tuple[int, list[bool]]:
+        on = [n in lv.split("+") for n in names]
+        return sum(on), [not o for o in on]
+
+    return df, sorted(df["levels"].unique(), key=rank), names
+
+
+def ablation(
+    runs: pd.DataFrame,
+    *,
+    value: str = "throughput_e2e",
+    config_cols: Sequence[str] = ("simulator", "policy"),
+    levels: Mapping[str, object] = LEVELS,
+    title: str = "Contribution of each scheduling level",
+    spec: str = ".1f",
+    ci: str = "bootstrap",
+    rng: np.random.Generator | None = None,
+) -> Table:
+    """Throughput per combination of levels, against all-off, one level fewer and all-on.
+
+    Rows follow :func:`with_levels`' order. "× one fewer" compares a row with the first row
+    that has the same levels but one (a cumulative sweep's previous step: that level's own
+    contribution); "× all on" reads a leave-one-out row against full EBRL. Runs without the
+    level params (other schedulers) are left out.
+    """
+    rng = rng or np.random.default_rng(0)
+    df, ranked, names = with_levels(runs, levels)
+    header = [label(c) for c in config_cols] + names + ["n", label(value)]
+    header += ["× none", "× one fewer", "× all on"]
+    all_on = "+".join(names)
+    rows, n_min, missing = [], [], 0
+    for key, g in stats.iter_groups(df, config_cols):
+        summ = stats.summarize(g, value, ["levels"], ci=ci, rng=rng).set_index("levels")
+        n_min.append(int(summ["n"].min()))
+        missing += int(summ["n_missing"].sum())
+        present = [lv for lv in ranked if lv in summ.index]
+        for lv in present:
+            s = summ.loc[lv]
+            on = _on(lv)
+            fewer = [p for p in present if _on(p) < on and len(_on(p)) == len(on) - 1]
+            cells = [_cell(v) for v in key] + ["✓" if n in on else "✗" for n in names]
+            cells += [str(int(s["n"])), _fmt(s, spec)]
+            for ref in ("none", fewer[0] if fewer else None, all_on):
+                if ref is None or ref == lv or ref not in present:
+                    cells.append(DASH)
+                    continue
+                r = stats.pairwise_ratios(
+                    g, value, target=lv, baselines=[ref], scheduler_col="levels", rng=rng
+                ).iloc[0]
+                cells.append(_fmt_ratio(r))
+            rows.append(cells)
+    notes = [
+        f"{label(value)} (`{value}`); ✓ level on; × none / × one fewer / × all on: ratio of "
+        "means to the all-off row / to the row with this row's levels but one / to the all-on "
+        "row, 95% bootstrap CI (paired by seed where possible)",
+        *_ci_notes(min(n_min, default=0), ci, missing),
+        *_pooled_notes(df, [*config_cols, "levels"]),
+    ]
+    if len(df) < len(runs):
+        notes.append(f"{len(runs) - len(df)} run(s) without level params are not shown")
+    return Table(title, header, rows, notes)
+
+
+def staleness(
+    runs: pd.DataFrame,
+    *,
+    k_col: str = "param.scheduler.staleness",
+    value: str = "throughput_e2e",
+    success: str = "success_rate",
+    config_cols: Sequence[str] = ("simulator", "policy"),
+    scheduler_col: str = "scheduler_variant",
+    title: str = "Throughput and final success against the staleness bound k",
+    spec: str = ".1f",
+    ci: str = "bootstrap",
+    rng: np.random.Generator | None = None,
+) -> Table:
+    """Per configuration, scheduler and k: throughput, final success, and throughput against the
+    smallest k of the same scheduler. Schedulers without a k (synchronous: 0 by construction)
+    show a dash for k and serve as a reference row."""
+    rng = rng or np.random.default_rng(0)
+    by = [*config_cols, scheduler_col, k_col]
+    header = [label(c) for c in by] + ["n", label(value), label(success), "× smallest k"]
+    rows, n_min, missing = [], [], 0
+    for key, g in stats.iter_groups(runs, [*config_cols, scheduler_col]):
+        tp = stats.summarize(g, value, [k_col], ci=ci, rng=rng)
+        sc = stats.summarize(g, success, [k_col], ci=ci, rng=rng)  # same groups, same order
+        n_min.append(int(tp["n"].min()))
+        missing += int(tp["n_missing"].sum() + sc["n_missing"].sum())
+        ks = sorted(g[k_col].dropna().unique())
+        gk = g.assign(_k=g[k_col].astype(str))
+        for (_, t), (_, s) in zip(tp.iterrows(), sc.iterrows()):
+            k = t[k_col]
+            cells = [_cell(v) for v in key] + [_cell(k), str(int(t["n"]))]
+            cells.append(fmt_ci(t["mean"], t["ci_low"], t["ci_high"], t["n"], spec))
+            cells.append(fmt_ci(s["mean"], s["ci_low"], s["ci_high"], s["n"], ".2f"))
+            if pd.isna(k) or k == ks[0]:
+                cells.append(DASH)
+            else:
+                r = stats.pairwise_ratios(
+                    gk, value, target=str(k), baselines=[str(ks[0])], scheduler_col="_k", rng=rng
+                ).iloc[0]
+                cells.append(_fmt_ratio(r))
+            rows.append(cells)
+    notes = [
+        f"{label(value)} (`{value}`) and {label(success)} (`{success}`); × smallest k: ratio of "
+        "mean throughput to the same scheduler at its smallest k, 95% bootstrap CI",
+        *_ci_notes(min(n_min, default=0), ci, missing),
+        *_pooled_notes(runs, by),
+    ]
+    return Table(title, header, rows, notes)
+
+
+def convergence(
+    runs: pd.DataFrame,
+    curves: pd.DataFrame,
+    *,
+    key: str = "env/success_rate",
+    threshold: float = 0.8,
+    window: int = 5,
+    config_cols: Sequence[str] = ("simulator", "policy"),
+    scheduler_col: str = "scheduler_variant",
+    target: str = TARGET,
+    baselines: Sequence[str] | None = None,
+    censored: str = "nan",
+    ci: str = "bootstrap",
+    rng: np.random.Generator | None = None,
+) -> Table:
+    """Wall-clock time until the smoothed success curve first reaches ``threshold``.
+
+    Rows per configuration and scheduler: runs that reached it, mean time [CI] over those runs,
+    final success, and how many times sooner ``target`` gets there (baseline time / target time,
+    ratio CI over seeds; NaN when a run of the pair never reached it, unless ``censored`` is
+    ``"budget"``: see :func:`analysis.stats.time_to_threshold_ratios`).
+    """
+    rng = rng or np.random.default_rng(0)
+    by = [*config_cols, scheduler_col]
+    ttt = stats.time_to_threshold(curves, key=key, threshold=threshold, window=window)
+    cols = ["run_id", *by, *(["seed"] if "seed" in runs else []), "success_rate", "wall_s"]
+    df = runs[[c for c in cols if c in runs]].merge(ttt, on="run_id", how="left")
+    df["reached"] = df["reached"].astype("boolean").fillna(False).astype(bool)
+    if "wall_s" in df:
+        df["t_end"] = df["t_end"].fillna(df["wall_s"])
+    if "success_rate" not in df:
+        df["success_rate"] = np.nan
+    header = [label(c) for c in by] + ["reached", f"s to {threshold:g}", label("success_rate")]
+    header += [f"{target} × sooner"]
+    rows, n_min = [], []
+    for ckey, cg in stats.iter_groups(df, config_cols):
+        times = stats.summarize(
+            cg[cg["reached"]], "time_to_threshold", [scheduler_col], ci=ci, rng=rng
+        )
+        succ = stats.summarize(cg, "success_rate", [scheduler_col], ci=ci, rng=rng)
+        ratios = stats.time_to_threshold_ratios(
+            cg,
+            target=target,
+            baselines=baselines,
+            scheduler_col=scheduler_col,
+            censored=censored,
+            rng=rng,
+        ).set_index("baseline")
+        times, succ = times.set_index(scheduler_col), succ.set_index(scheduler_col)
+        n_min += times["n"].tolist()
+        for sched, g in cg.groupby(scheduler_col, sort=True):
+            cells = [_cell(v) for v in (*ckey, sched)] + [f"{int(g['reached'].sum())}/{len(g)}"]
+            t = times.loc[sched] if sched in times.index else None
+            cells.append("never" if t is None else _fmt(t, ".0f"))
+            cells.append(_fmt(succ.loc[sched], ".2f"))
+            if sched in ratios.index:
+                r = ratios.loc[sched]
+                ct, cb = r["censored_target"], r["censored_baseline"]
+                prefix = {(0, 0): "", (0, 1): "≥ ", (1, 0): "≤ "}.get((ct > 0, cb > 0), "≈ ")
+                cells.append(_fmt_ratio(r, prefix))
+            else:
+                cells.append(DASH)
+            rows.append(cells)
+    notes = [
+        f"first wall-clock second at which the {window}-point trailing mean of `{key}` reaches "
+        f"{threshold:g}; mean [95% CI] over the runs that reached it",
+        f"{target} × sooner: mean time of the baseline / mean time of {target}, 95% bootstrap CI; "
+        + (
+            "a dash where a run never reached the threshold"
+            if censored == "nan"
+            else "runs that never reached it count their whole run time, so a ratio is a bound "
+            "(≥: baseline runs censored, ≤: target runs censored, ≈: both)"
+        ),
+        *_ci_notes(int(min(n_min, default=0)), ci),
+        *_pooled_notes(df, by),
+    ]
+    return Table(f"Time to {threshold:g} success rate", header, rows, notes)
