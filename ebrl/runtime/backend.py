@@ -133,7 +133,8 @@ class RayBackend:
         self._ray = ray
         self._started = False
         if not ray.is_initialized():
-            env = {"env_vars": {k: v for k, v in os.environ.items() if k == "VK_ICD_FILENAMES"}}
+            keep = ("VK_ICD_FILENAMES", "OMP_WAIT_POLICY", "EBRL_COMMIT")
+            env = {"env_vars": {k: v for k, v in os.environ.items() if k in keep}}
             ray.init(
                 address=address,
                 include_dashboard=False,
