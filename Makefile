@@ -18,6 +18,10 @@ help:
 	@echo "make bench-sim  simulator throughput per process"
 	@echo "make bench-learn  PPO/GRPO learning curves on PushCube-v1 (SEEDS=$(SEEDS))"
 	@echo "make lint       ruff check + format check"
+	@echo "make table-headline|fig-scaling|fig-convergence|fig-staleness|table-ablation|table-grpo [SIZE=cpu|full]"
+	@echo "               run a paper table/figure (CPU size here; SIZE=full: Slurm); see REPRODUCE.md"
+	@echo "make sweep SWEEP=<name> [SIZE=cpu|full] [ARGS=...]   any sweep of conf/sweep/"
+	@echo "make ui [UI_PORT=5000]   the MLflow UI on 127.0.0.1 over outputs/mlflow"
 
 setup: $(STAMP) $(VULKAN)
 
@@ -60,3 +64,60 @@ bench-learn: setup
 
 clean:
 	rm -rf outputs .pytest_cache .ruff_cache .hypothesis
+
+# === experiments (issue 6): sweeps, the paper's tables and figures, the MLflow UI ==============
+# make sweep SWEEP=<name> [SIZE=cpu|full] [ARGS='key=value ...']: a sweep of conf/sweep/ through
+#   ebrl.launch (SIZE=full takes <name>_full: Slurm). ARGS are Hydra overrides; an axis given there
+#   replaces the sweep's (ARGS='scheduler=sync,ebrl' runs a subset).
+# make table-headline | fig-scaling | fig-convergence | fig-staleness | table-ablation | table-grpo
+#   [SIZE=cpu|full]: run that sweep into outputs/sweeps/<name>-<size>/<time>/ (its own MLflow
+#   experiment <name>-<size>-<time>), export it, write the report into results/<name>-<size>/.
+# make ui [UI_PORT=5000] [MLFLOW_STORE=outputs/mlflow]: the MLflow UI on 127.0.0.1 (Ctrl-C stops).
+# TRACKING_URI=http://host:5000: log to (and export from) an MLflow server instead of the store.
+SIZE ?= cpu
+ARGS ?=
+UI_PORT ?= 5000
+MLFLOW_STORE ?= outputs/mlflow
+TRACKING_URI ?=
+NOW := $(shell date +%Y-%m-%d_%H-%M-%S)
+comma := ,
+_SFX = $(if $(filter full,$(SIZE)),_full,)
+_URI = $(or $(TRACKING_URI),sqlite:///$(abspath $(MLFLOW_STORE))/mlflow.db)
+_TRACK = $(if $(TRACKING_URI),tracking.uri=$(TRACKING_URI),tracking.store=$(MLFLOW_STORE))
+
+.PHONY: sweep ui table-headline fig-scaling fig-convergence fig-staleness table-ablation table-grpo
+
+sweep: setup
+	@test -n "$(SWEEP)" || { echo "usage: make sweep SWEEP=<name> [SIZE=cpu|full] [ARGS=...]"; \
+	  ls conf/sweep | sed 's/\.yaml$$//' | grep -v _full | tr '\n' ' '; echo; exit 2; }
+	$(PY) -m ebrl.launch $(SWEEP)$(_SFX) --out outputs/sweeps/$(SWEEP)-$(SIZE)/$(NOW) \
+	  $(_TRACK) $(ARGS)
+
+# $(1) target, $(2) sweep, $(3) report kind, $(4) report options
+define paper_target
+$(1): setup
+	$$(PY) -m ebrl.launch $(2)$$(_SFX) --out outputs/sweeps/$(2)-$$(SIZE)/$$(NOW) \
+	  tracking.experiment=$(2)-$$(SIZE)-$$(NOW) $$(_TRACK) $$(ARGS)
+	$$(PY) -m analysis.export --uri $$(_URI) --experiment $(2)-$$(SIZE)-$$(NOW) \
+	  --out outputs/sweeps/$(2)-$$(SIZE)/$$(NOW)/export
+	$$(PY) -m analysis.report --runs outputs/sweeps/$(2)-$$(SIZE)/$$(NOW)/export --kind $(3) \
+	  --out results/$(2)-$$(SIZE) $(4)
+endef
+# policies differ by size (CPU) or name (full), not by class: compare them by those params
+_HEADLINE_COLS = $(if $(_SFX),simulator$(comma)param.policy.name$(comma)param.gpu.name,\
+  simulator$(comma)policy$(comma)param.policy.size)
+$(eval $(call paper_target,table-headline,headline,headline,--config-cols $$(_HEADLINE_COLS)))
+$(eval $(call paper_target,fig-scaling,scaling,scaling,--scale-col param.num_envs))
+$(eval $(call paper_target,fig-convergence,convergence,convergence,))
+$(eval $(call paper_target,fig-staleness,staleness,staleness,))
+$(eval $(call paper_target,table-ablation,ablation,ablation,))
+$(eval $(call paper_target,table-grpo,grpo,grpo,))
+
+# MLflow's server with one worker and no job runner (~0.6 GB, ready in ~6 s, stops in ~1 s).
+ui:
+	@mkdir -p $(MLFLOW_STORE)/mlartifacts
+	@echo "MLflow UI: http://127.0.0.1:$(UI_PORT)  (store: $(MLFLOW_STORE); Ctrl-C stops it)"
+	MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false exec $(VENV)/bin/mlflow server \
+	  --host 127.0.0.1 --port $(UI_PORT) --workers 1 \
+	  --backend-store-uri sqlite:///$(abspath $(MLFLOW_STORE))/mlflow.db \
+	  --artifacts-destination $(abspath $(MLFLOW_STORE))/mlartifacts

@@ -1,0 +1,99 @@
+"""Stand-ins for what runs only on GPU clusters: the paper's VLA policies and simulators.
+
+``conf/policy/{pi0,gr00t,openvla_oft,dreamzero}.yaml`` and ``conf/simulator/{libero,robocasa,
+behavior}.yaml`` describe the paper's workloads (model size, action chunk, the package they need),
+so sweeps over them compose, validate and dry-run anywhere. Building one never pretends: without a
+GPU or its package it raises :class:`UnavailableHere` naming what is missing; with both, it says
+that these runs go through RLinf (the system EBRL extends) rather than ebrl's in-process engine.
+``ebrl.config.validate`` catches the same cases earlier, before any work starts.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ebrl.hardware import local_machine
+
+
+class UnavailableHere(RuntimeError):
+    """A policy or simulator this machine cannot build; the message says what to change."""
+
+
+def _no_adapter(kind: str, name: str, rlinf_name: str) -> NotImplementedError:
+    return NotImplementedError(
+        f"{kind}={name}: ebrl's in-process engine has no adapter for it; the paper's GPU runs "
+        f"launch RLinf with the equivalent configuration (RLinf name {rlinf_name!r}). "
+        "On CPU use policy=transformer_l and simulator=pushcube."
+    )
+
+
+class GPUPolicy:
+    """A GPU-only VLA (pi0, GR00T, OpenVLA-OFT, DreamZero): constructing it raises.
+
+    Args:
+        name: the policy option (``policy=<name>``).
+        params_b: parameters, billions.
+        package: import name of the package that implements it.
+        install: how to install that package.
+        rlinf_model: RLinf's model name for it.
+        **info: the rest of the node (description, action chunk, ...) and the stage's ``spec``.
+    """
+
+    def __init__(
+        self,
+        *,
+        name: str,
+        params_b: float,
+        package: str,
+        install: str = "",
+        rlinf_model: str = "",
+        **info: Any,
+    ) -> None:
+        machine = local_machine()
+        if not machine.cuda:
+            raise UnavailableHere(
+                f"policy={name} ({params_b:g}B parameters) runs only on an NVIDIA GPU and "
+                f"{machine.where} has none usable (torch.cuda.is_available() is False): "
+                "use policy=transformer_l (the VLA-shaped stand-in) on CPU, or run this sweep on "
+                "a GPU cluster (python -m ebrl.launch --dry-run <sweep>_full)"
+            )
+        if machine.find_package is not None and machine.find_package(package) is None:
+            raise UnavailableHere(
+                f"policy={name} needs the Python package '{package}': {install or 'install it'}"
+            )
+        raise _no_adapter("policy", name, rlinf_model)
+
+
+class ExternalSimulator:
+    """A simulator ebrl has no CPU adapter for (LIBERO, RoboCasa, BEHAVIOR): constructing raises.
+
+    Args:
+        name: the simulator option (``simulator=<name>``).
+        package: import name of the package it needs.
+        install: how to install that package.
+        requires_gpu: it needs a GPU (renderer or physics).
+        rlinf_env: RLinf's env type for it.
+        **info: the rest of the node and the env id.
+    """
+
+    def __init__(
+        self,
+        *,
+        name: str,
+        package: str,
+        install: str = "",
+        requires_gpu: bool = False,
+        rlinf_env: str = "",
+        **info: Any,
+    ) -> None:
+        machine = local_machine()
+        if requires_gpu and not machine.cuda:
+            raise UnavailableHere(
+                f"simulator={name} needs an NVIDIA GPU and {machine.where} has none usable: "
+                "use simulator=pushcube on CPU, or run it on a GPU node"
+            )
+        if machine.find_package is not None and machine.find_package(package) is None:
+            raise UnavailableHere(
+                f"simulator={name} needs the Python package '{package}': {install or 'install it'}"
+            )
+        raise _no_adapter("simulator", name, rlinf_env)

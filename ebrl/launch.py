@@ -1,0 +1,412 @@
+"""Run a sweep, or preview the Slurm jobs it would submit.
+
+A sweep is a Hydra config in ``conf/sweep/<name>.yaml`` (index: ``sweeps/README.md``): a base
+(``/experiment: ...``), ``hydra.sweeper.params`` (the axes) and a launcher. This module expands the
+axes exactly as Hydra's basic sweeper does (command-line overrides replace a sweep's axis of the
+same key), composes and validates every job against the machine that will run it, and groups the
+jobs into one job array per distinct set of sbatch parameters. A multirun submits one array, so a
+sweep over GPU types (``--constraint=h100`` / ``a100``) becomes one Hydra multirun per GPU type.
+
+Usage::
+
+    python -m ebrl.launch --dry-run headline_full          # print the sbatch jobs, submit nothing
+    python -m ebrl.launch --dry-run headline_full gpu=h100 seed=0,1 --json
+    python -m ebrl.launch headline [--out DIR] [overrides]  # run it (here, or on Slurm)
+
+The dry run prints, per array: the sbatch parameters (partition, time, nodes, GPUs, CPUs,
+constraint or GRES from the gpu group, ``--array=0-N%P``, requeue), the ``#SBATCH`` header
+Submitit would write, the Hydra command that submits it, and each job's equivalent command.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import shlex
+import subprocess
+import sys
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+from omegaconf import DictConfig, OmegaConf, open_dict, read_write
+
+from ebrl.config import ConfigError, LauncherKind, RunConfig, register, target_machine, validate
+from ebrl.hardware import local_machine
+
+CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
+#: keys that never change what or where a job runs: jobs differing only in these share a check
+_SEED_KEYS = {"seed"}
+
+
+@dataclass(frozen=True)
+class Job:
+    """One run of a sweep.
+
+    Attributes:
+        index: Hydra's job number (position in the expanded sweep).
+        overrides: this job's overrides (``key=value``), the sweep's axes first.
+    """
+
+    index: int
+    overrides: tuple[str, ...]
+
+    def command(self, sweep: str) -> str:
+        """The equivalent single-run command (what Submitit runs for it on the node)."""
+        args = ["-m", "ebrl.train", f"+sweep={sweep}", "hydra.mode=RUN", *self.overrides]
+        return "python " + " ".join(shlex.quote(a) for a in args)
+
+
+@dataclass
+class JobArray:
+    """Jobs that share their launcher parameters: one Slurm job array (or one local multirun).
+
+    Attributes:
+        label: the overrides that set this array apart from the others ("" if alone).
+        launcher: local, submitit_local or slurm.
+        params: Submitit's sbatch parameters (``time``, ``gpus_per_node``, ...); empty for local.
+        jobs: the jobs, in sweep order.
+        restrict: overrides that narrow the sweep to exactly these jobs.
+    """
+
+    label: str
+    launcher: str
+    params: dict[str, Any]
+    jobs: list[Job] = field(default_factory=list)
+    restrict: list[str] = field(default_factory=list)
+
+    def slug(self) -> str:
+        """A folder name for this array's outputs."""
+        keep = "".join(c if c.isalnum() or c in "-_.=" else "_" for c in self.label)
+        return keep.replace("=", "-") or "all"
+
+    def sbatch_flags(self, folder: str = "<folder>") -> list[str]:
+        """The ``#SBATCH`` flags of the array's script (``--array=0-N%P`` included)."""
+        if self.launcher != LauncherKind.slurm:
+            return []
+        return [
+            line.removeprefix("#SBATCH ")
+            for line in self.sbatch_script(folder).splitlines()
+            if line.startswith("#SBATCH ")
+        ]
+
+    def sbatch_script(self, folder: str) -> str:
+        """The sbatch script Submitit would write for this array (Submitit's own formatter)."""
+        from submitit.slurm.slurm import _make_sbatch_string  # private, stable across 1.x
+
+        command = f"{sys.executable} -u -m submitit.core._submit {folder}"
+        return _make_sbatch_string(
+            command=command, folder=folder, map_count=len(self.jobs), **self.params
+        )
+
+
+@dataclass
+class Plan:
+    """What a sweep would run: its arrays and the jobs that fail validation."""
+
+    sweep: str
+    overrides: list[str]
+    out: str
+    arrays: list[JobArray]
+    #: (job, message) for every job validate() refuses
+    errors: list[tuple[Job, str]] = field(default_factory=list)
+    #: the MLflow stores the jobs log to: (tracking uri or None, local store folder, experiment)
+    stores: set[tuple[str | None, str, str]] = field(default_factory=set)
+
+    @property
+    def n_jobs(self) -> int:
+        return sum(len(a.jobs) for a in self.arrays)
+
+
+# --- composing --------------------------------------------------------------------------------
+def _compose(overrides: list[str]) -> DictConfig:
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return compose(config_name="config", overrides=overrides, return_hydra_config=True)
+
+
+def sweep_names() -> list[str]:
+    """Every sweep in ``conf/sweep/``."""
+    return sorted(p.stem for p in (CONF_DIR / "sweep").glob("*.yaml"))
+
+
+def expand(sweep: str, overrides: list[str]) -> tuple[DictConfig, list[list[str]]]:
+    """The sweep's base config and every job's overrides, as Hydra's basic sweeper makes them."""
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    if sweep not in sweep_names():
+        raise SystemExit(f"no sweep {sweep!r}; one of: {', '.join(sweep_names())}")
+    base = _compose([f"+sweep={sweep}", *(o for o in overrides if not _is_sweep(o))])
+    params = base.hydra.sweeper.get("params") or {}
+    lines = [f"{k}={v}" for k, v in params.items()] + list(overrides)
+    parsed = OverridesParser.create().parse_overrides(lines)
+    (jobs,) = BasicSweeper.split_arguments(parsed, None)
+    return base, jobs
+
+
+def _is_sweep(override: str) -> bool:
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    (o,) = OverridesParser.create().parse_overrides([override])
+    return o.is_sweep_override()
+
+
+def _key(override: str) -> str:
+    return override.split("=", 1)[0]
+
+
+def submitit_params(launcher: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """(launcher kind, Submitit sbatch parameters) from a resolved ``hydra.launcher`` node.
+
+    Follows hydra-submitit-launcher's mapping (its BaseQueueConf keys are Submitit's generic
+    parameters, renamed as SlurmExecutor does; the rest are Slurm parameters as they are).
+    """
+    target = str(launcher.get("_target_", ""))
+    if target.endswith("SlurmLauncher"):
+        kind = LauncherKind.slurm.value
+    elif target.endswith("submitit_launcher.LocalLauncher"):
+        kind = LauncherKind.submitit_local.value
+    else:
+        return LauncherKind.local.value, {}
+    if kind != LauncherKind.slurm:
+        return kind, {}
+    from hydra_plugins.hydra_submitit_launcher.config import BaseQueueConf
+    from submitit.slurm.slurm import SlurmExecutor, _convert_mem
+
+    generic = set(OmegaConf.structured(BaseQueueConf).keys())
+    rename = SlurmExecutor._equivalence_dict()
+    out: dict[str, Any] = {}
+    for k, v in launcher.items():
+        if k in ("_target_", "submitit_folder", "max_num_timeout") or v is None:
+            continue
+        if k in generic:
+            v = _convert_mem(v) if k == "mem_gb" else v
+            k = rename.get(k, k)
+        out[k] = v
+    return kind, out
+
+
+#: (launcher kind, sbatch params, validation error or None, MLflow store or None)
+_Checked = tuple[str, dict[str, Any], str | None, tuple[str | None, str, str] | None]
+
+
+def plan(sweep: str, overrides: list[str], out: str | None = None) -> Plan:
+    """Expand, compose and validate every job of ``sweep``; group the jobs into arrays."""
+    register()
+    base, job_lists = expand(sweep, overrides)
+    default_out = str(base.hydra.sweep.dir)
+    arrays: dict[tuple[str, str], JobArray] = {}
+    errors: list[tuple[Job, str]] = []
+    checked: dict[tuple[str, ...], _Checked] = {}
+    stores: set[tuple[str | None, str, str]] = set()
+    for i, ovs in enumerate(job_lists):
+        job = Job(index=i, overrides=tuple(ovs))
+        key = tuple(o for o in ovs if _key(o) not in _SEED_KEYS)
+        if key not in checked:
+            checked[key] = _check_job(sweep, list(ovs))
+        kind, params, error, store = checked[key]
+        if store is not None:
+            stores.add(store)
+        if error is not None:
+            errors.append((job, error))
+            continue
+        group = (kind, json.dumps(params, sort_keys=True, default=str))
+        arrays.setdefault(group, JobArray(label="", launcher=kind, params=params)).jobs.append(job)
+    out_dir = str(Path(out or default_out).resolve())
+    result = Plan(sweep, list(overrides), out_dir, list(arrays.values()), errors, stores)
+    _label_and_restrict(result)
+    return result
+
+
+def _check_job(sweep: str, overrides: list[str]) -> _Checked:
+    """Compose and validate one job against the machine that will run it."""
+    try:
+        cfg = _compose([f"+sweep={sweep}", *overrides])
+    except Exception as e:  # a group option that does not exist, a wrong key
+        return LauncherKind.local.value, {}, f"does not compose: {e}", None
+    launcher = OmegaConf.to_container(cfg.hydra.launcher, resolve=True)
+    kind, params = submitit_params(launcher)  # type: ignore[arg-type]
+    tr = cfg.tracking
+    store = (tr.uri, str(tr.store), str(tr.experiment)) if tr.enabled else None
+    job = copy.deepcopy(cfg)  # the job's own config: without the hydra node, as @hydra.main has it
+    with read_write(job), open_dict(job):
+        del job["hydra"]
+    try:
+        run: RunConfig = OmegaConf.to_object(job)  # type: ignore[assignment]
+        machine = local_machine() if kind != LauncherKind.slurm else target_machine(run)
+        validate(job, machine=machine)
+    except ConfigError as e:
+        return kind, params, str(e), store
+    except Exception as e:  # a node's own check (e.g. in __post_init__)
+        return kind, params, f"{type(e).__name__}: {e}", store
+    return kind, params, None, store
+
+
+def prepare_stores(p: Plan) -> None:
+    """Create each MLflow store and experiment before jobs start side by side: the first writers
+    of an empty sqlite store race on its schema migration, and two creators of one experiment
+    collide."""
+    from mlflow.tracking import MlflowClient
+
+    from ebrl.tracking import local_store_uri
+
+    for uri, store, experiment in sorted(p.stores, key=str):
+        artifact_root = None
+        if uri is None:
+            uri, artifact_root = local_store_uri(store)
+        client = MlflowClient(tracking_uri=uri)
+        if client.get_experiment_by_name(experiment) is None:
+            client.create_experiment(experiment, artifact_location=artifact_root)
+
+
+def _label_and_restrict(p: Plan) -> None:
+    """Name each array by what sets it apart; give it the overrides that select its jobs."""
+    values: dict[str, list[str]] = {}
+    for a in p.arrays:
+        for j in a.jobs:
+            for o in j.overrides:
+                vals = values.setdefault(_key(o), [])
+                if o.split("=", 1)[1] not in vals:
+                    vals.append(o.split("=", 1)[1])
+    varying = [k for k, v in values.items() if len(v) > 1]
+    for a in p.arrays:
+        mine: dict[str, list[str]] = {k: [] for k in varying}
+        for j in a.jobs:
+            for o in j.overrides:
+                k, v = o.split("=", 1)
+                if k in mine and v not in mine[k]:
+                    mine[k].append(v)
+        if len(p.arrays) > 1:
+            a.label = " ".join(f"{k}={v[0]}" for k, v in mine.items() if len(v) == 1)
+            combos = 1
+            for v in mine.values():
+                combos *= len(v)
+            if combos != len(a.jobs):  # not a rectangle: Hydra could not select exactly these
+                raise SystemExit(
+                    f"sweep {p.sweep}: the jobs of array {a.label or '?'} are not a grid of the "
+                    "sweep's axes; split the sweep (narrow it with overrides) and launch each part"
+                )
+            a.restrict = [f"{k}={','.join(v)}" for k, v in mine.items()]
+
+
+# --- output -----------------------------------------------------------------------------------
+def _array_out(p: Plan, a: JobArray) -> str:
+    return p.out if len(p.arrays) == 1 else f"{p.out}/{a.slug()}"
+
+
+def hydra_command(p: Plan, a: JobArray) -> list[str]:
+    """The Hydra multirun that runs (or submits) array ``a``."""
+    out = _array_out(p, a)
+    rest = [o for o in p.overrides if _key(o) not in {_key(r) for r in a.restrict}]
+    return [
+        sys.executable,
+        "-m",
+        "ebrl.train",
+        f"+sweep={p.sweep}",
+        *rest,
+        *a.restrict,
+        f"hydra.sweep.dir={out}",
+    ]
+
+
+def describe(p: Plan, *, dry_run: bool) -> str:
+    """A human-readable account of the plan."""
+    n_slurm = sum(a.launcher == LauncherKind.slurm for a in p.arrays)
+    lines = [
+        f"sweep {p.sweep}: {p.n_jobs} jobs in {len(p.arrays)} "
+        + (
+            "Slurm job array(s)"
+            if n_slurm or not p.arrays
+            else f"local multirun(s) ({p.arrays[0].launcher})"
+        )
+        + (" -- dry run, nothing submitted" if dry_run else "")
+        + f"; outputs under {p.out}"
+    ]
+    for n, a in enumerate(p.arrays, 1):
+        title = f"{a.label or 'all jobs'} ({len(a.jobs)} jobs)"
+        lines += ["", f"== array {n}/{len(p.arrays)}: {title}"]
+        if a.launcher == LauncherKind.slurm:
+            flags = a.sbatch_flags(f"{_array_out(p, a)}/.submitit/%j")
+            lines += ["sbatch parameters:"] + [f"  #SBATCH {f}" for f in flags]
+            lines += ["  (then srun runs each job: python -u -m submitit.core._submit <folder>)"]
+        else:
+            lines += [f"runs on this machine ({a.launcher} launcher): no Slurm job"]
+        verb = "submit" if a.launcher == LauncherKind.slurm else "run"
+        lines += [f"{verb} with: python " + shlex.join(hydra_command(p, a)[1:])]
+        lines += ["jobs:"] + [f"  [{j.index}] {j.command(p.sweep)}" for j in a.jobs]
+    if n_slurm and any(uri is None for uri, _, _ in p.stores):
+        lines += [
+            "",
+            "note: the jobs log to a local sqlite MLflow store; from several nodes prefer an "
+            "MLflow server on the shared network: tracking.uri=http://<host>:5000",
+        ]
+    if p.errors:
+        lines += ["", f"{len(p.errors)} job(s) fail validation (fix before launching):"]
+        lines += [f"  [{j.index}] {' '.join(j.overrides)}: {msg}" for j, msg in p.errors]
+    return "\n".join(lines)
+
+
+def as_json(p: Plan) -> str:
+    """The plan as JSON (arrays with their sbatch flags and jobs; errors)."""
+    return json.dumps(
+        {
+            "sweep": p.sweep,
+            "out": p.out,
+            "n_jobs": p.n_jobs,
+            "arrays": [
+                {
+                    **{k: v for k, v in asdict(a).items() if k != "jobs"},
+                    "sbatch": a.sbatch_flags(),
+                    "command": hydra_command(p, a)[1:],
+                    "jobs": [{"index": j.index, "overrides": list(j.overrides)} for j in a.jobs],
+                }
+                for a in p.arrays
+            ],
+            "errors": [
+                {"index": j.index, "overrides": list(j.overrides), "error": m} for j, m in p.errors
+            ],
+        },
+        indent=2,
+        default=str,
+    )
+
+
+# --- entry point ------------------------------------------------------------------------------
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0],
+        epilog=f"sweeps: {', '.join(sweep_names())}",
+    )
+    ap.add_argument("sweep", help="a sweep in conf/sweep/ (e.g. headline, headline_full)")
+    ap.add_argument(
+        "overrides", nargs="*", help="Hydra overrides; an axis given here replaces the sweep's"
+    )
+    ap.add_argument("--dry-run", action="store_true", help="print the jobs, run/submit nothing")
+    ap.add_argument("--json", action="store_true", help="with --dry-run: the plan as JSON")
+    ap.add_argument("--out", help="sweep output folder (default: the sweep's hydra.sweep.dir)")
+    args = ap.parse_args(argv)
+    p = plan(args.sweep, args.overrides, args.out)
+    if args.dry_run:
+        try:
+            print(as_json(p) if args.json else describe(p, dry_run=True), flush=True)
+        except BrokenPipeError:  # piped into `head`: the reader has what it wanted
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1 if p.errors else 0
+    print(describe(p, dry_run=False), flush=True)
+    if p.errors:
+        print("not launched: fix the jobs above first", file=sys.stderr)
+        return 1
+    if any(a.launcher != LauncherKind.local for a in p.arrays):
+        prepare_stores(p)  # jobs run side by side
+    procs = [subprocess.Popen(hydra_command(p, a)) for a in p.arrays]
+    codes = [proc.wait() for proc in procs]
+    return max(codes, default=0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
