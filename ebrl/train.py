@@ -73,7 +73,8 @@ class Summary:
 
 
 def _name(node: DictConfig) -> str:
-    return str(node._target_).rsplit(".", 1)[-1]
+    """A component's display name: its ``name`` field if it has one, else its class name."""
+    return str(node.get("name") or str(node._target_).rsplit(".", 1)[-1])
 
 
 def _flat(d: dict, prefix: str = "") -> dict[str, Any]:
@@ -85,6 +86,16 @@ def _flat(d: dict, prefix: str = "") -> dict[str, Any]:
         else:
             out[key] = v
     return out
+
+
+def _sweep_choice() -> str:
+    """The ``+sweep=<name>`` Hydra recorded for this job ("" outside a sweep)."""
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        return str(HydraConfig.get().runtime.choices.get("sweep") or "")
+    except ValueError:  # not under Hydra
+        return ""
 
 
 def _run_dir(run: RunConfig) -> Path:
@@ -111,6 +122,8 @@ def _tracker(
         "policy": summary.policy,
         "simulator": summary.simulator,
         "algo": summary.algo,
+        "variant": str(cfg.get("variant", "") or ""),
+        "sweep": _sweep_choice(),
         "seed": str(run.seed),
         "git_commit": summary.commit,
         "machine": summary.machine,
