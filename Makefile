@@ -9,13 +9,15 @@ export VK_ICD_FILENAMES ?= $(abspath $(VULKAN))
 export PYTHONUNBUFFERED := 1
 SEEDS ?= 0,1,2
 
-.PHONY: help setup run test test-slow test-gpu lint format bench-sim bench-learn clean
+.PHONY: help setup run train test test-gpu lint format bench-sim bench-learn bench-sched clean
 
 help:
-	@echo "make run        set up, then one short training run on the embedded default"
+	@echo "make run        set up, then the main job: EBRL vs Colocated/Hybrid/Async, 3 seeds (~10 min)"
+	@echo "make train      one short PPO training run with a progress bar"
 	@echo "make test       set up, then the default test suite"
-	@echo "make test-slow  learning and benchmark checks (minutes to an hour)"
+	@echo "make test-gpu   the GPU checks (NVIDIA GPU + MPS), scripts/gpu_check.sh"
 	@echo "make bench-sim  simulator throughput per process"
+	@echo "make bench-sched  every scheduler side by side with CIs, ablation, bound (~20 min)"
 	@echo "make bench-learn  PPO/GRPO learning curves on PushCube-v1 (SEEDS=$(SEEDS))"
 	@echo "make lint       ruff check + format check"
 	@echo "make table-headline|fig-scaling|fig-convergence|fig-staleness|table-ablation|table-grpo [SIZE=cpu|full]"
@@ -38,14 +40,26 @@ $(STAMP): pyproject.toml constraints.txt
 $(VULKAN):
 	scripts/setup_vulkan.sh
 
+# The main job: the CPU-sized headline comparison on the embedded default (PushCube-v1, the
+# VLA-shaped transformer, chunks of 4): EBRL against the Colocated, Hybrid and Async replicas,
+# 3 seeds each, one after another (~10 min on 2 cores), then the table and figure.
+MAIN = outputs/main/$(NOW)
 run: setup
-	$(PY) -m ebrl.train budget.env_steps=60000 tracking.experiment=make-run
+	$(PY) benchmarks/scheduler_throughput.py --configs colocated,hybrid,async,ebrl \
+	  --seeds 0,1,2 --iterations 10 --experiment main-$(NOW) --out $(MAIN)
+	$(PY) -m analysis.export --uri $(_URI) --experiment main-$(NOW) --out $(MAIN)/export \
+	  --traces > /dev/null
+	$(PY) -m analysis.report --runs $(MAIN)/export --kind headline --out $(MAIN)/report \
+	  --config-cols simulator,policy
+	@echo; echo "runs and table: $(MAIN)/table.md   figures: $(MAIN)/report/"; \
+	  echo "MLflow store: $(MLFLOW_STORE) (experiment main-$(NOW)); browse it with: make ui"
+
+# One short training run (PPO, MLP policy, synchronous scheduler) with a progress bar.
+train: setup
+	$(PY) -m ebrl.train budget.env_steps=60000 tracking.experiment=make-train
 
 test: setup
 	$(PY) -m pytest -q
-
-test-slow: setup
-	$(PY) -m pytest -q -m slow
 
 test-gpu: setup
 	$(PY) -m pytest -q -m gpu
@@ -61,6 +75,9 @@ bench-sim: setup
 
 bench-learn: setup
 	$(PY) benchmarks/learning.py --seeds $(SEEDS)
+
+bench-sched: setup
+	$(PY) benchmarks/scheduler_throughput.py --seeds $(SEEDS)
 
 clean:
 	rm -rf outputs .pytest_cache .ruff_cache .hypothesis

@@ -73,7 +73,7 @@ ABLATION = (
 IN_PROCESS = ("sync", "colocated")
 
 
-def run(name: str, seed: int, iters: int, warmup: int, out: Path) -> dict:
+def run(name: str, seed: int, iters: int, warmup: int, out: Path, experiment: str) -> dict:
     run_dir = out / "runs" / f"{name}-s{seed}"
     cmd = [
         sys.executable,
@@ -130,6 +130,7 @@ def main() -> None:
     ap.add_argument("--iterations", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--configs", default=",".join(CONFIGS))
+    ap.add_argument("--experiment", default="bench-scheduler", help="MLflow experiment")
     ap.add_argument(
         "--out", default=str(ROOT / "results" / "scheduler" / time.strftime("%Y-%m-%d"))
     )
@@ -138,7 +139,13 @@ def main() -> None:
     names = args.configs.split(",")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    rows = [run(n, s, args.iterations, args.warmup, out) for s in seeds for n in names]
+    rows = []
+    total, t0 = len(seeds) * len(names), time.time()
+    for s in seeds:
+        for n in names:
+            rows.append(run(n, s, args.iterations, args.warmup, out, args.experiment))
+            left = (time.time() - t0) / len(rows) * (total - len(rows))
+            print(f"  [{len(rows)}/{total} runs, ~{left / 60:.0f} min left]", flush=True)
 
     def tp(name: str) -> np.ndarray:
         return np.array(
