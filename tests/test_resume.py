@@ -96,6 +96,9 @@ def test_a_run_folder_refuses_to_resume_a_different_config(tmp_path):
     with pytest.raises(ConfigError, match="different config"):
         train(make_cfg([*base, "seed=7"]))
     # a bigger budget is the same run: it resumes
-    s = train(make_cfg([o if not o.startswith("budget.iterations") else "budget.iterations=5"
-                        for o in base]))
+    s = train(
+        make_cfg(
+            [o if not o.startswith("budget.iterations") else "budget.iterations=5" for o in base]
+        )
+    )
     assert s.iterations == 5
