@@ -141,6 +141,10 @@ class EBRLSchedulerNode:
     ray_address: str = "local"
     #: Ray custom resources per role ("sim", "gen", "learner") for multi-node placement
     resources: dict[str, dict[str, float]] | None = None
+    #: pin each env worker to a home core
+    pin_sim: bool = False
+    #: level 3's core rebinding: idle env workers' cores go to straggling ones (needs step_level)
+    rebind: bool = False
 
 
 # === issue 6: hardware, resources, launcher; GPU-cluster policies and simulators ==============

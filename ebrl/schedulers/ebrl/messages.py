@@ -21,6 +21,14 @@ class Ready:
 
 
 @dataclass(slots=True)
+class Hello:
+    """env worker -> gen, once: its pid (for core rebinding)."""
+
+    worker: int
+    pid: int
+
+
+@dataclass(slots=True)
 class Go:
     """gen -> env worker: these envs' action chunks are in their slots."""
 

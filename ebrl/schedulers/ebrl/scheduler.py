@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -37,6 +38,7 @@ from ebrl.runtime.channel import Inbox, Outbox, new_authkey, node_ip
 from ebrl.runtime.slots import ShmSlots, SlotSpec
 from ebrl.schedulers.base import IterationReport, RunContext, StageError
 from ebrl.schedulers.ebrl.messages import Failed, Report, Stop, Telemetry
+from ebrl.schedulers.ebrl.rebind import home_cores
 from ebrl.schedulers.ebrl.workers import EnvWorker, GenWorker, LearnerWorker, Plan
 
 log = logging.getLogger(__name__)
@@ -67,6 +69,9 @@ class EBRLScheduler:
         batch_timeout_ms: how long a ready env waits for M to be reached.
         ray_address: ``local`` (a private Ray instance) or a cluster address.
         resources: Ray custom resources per role (``sim``, ``gen``, ``learner``) for placement.
+        pin_sim: pin each env worker to a home core (round robin over this process's CPUs).
+        rebind: level 3's core rebinding: idle env workers' cores go to straggling ones
+            (implies ``pin_sim``; needs ``step_level``).
     """
 
     backend: str = "ray"
@@ -79,8 +84,12 @@ class EBRLScheduler:
     batch_timeout_ms: float = 5.0
     ray_address: str = "local"
     resources: dict[str, dict[str, float]] | None = None
+    pin_sim: bool = False
+    rebind: bool = False
 
     def __post_init__(self) -> None:
+        if self.rebind and not self.step_level:
+            raise ValueError("scheduler.rebind needs scheduler.step_level=true (level 3)")
         if self.backend not in ("ray", "inprocess"):
             raise ValueError(f"scheduler.backend={self.backend!r}: choose 'ray' or 'inprocess'")
         if not 0 <= self.staleness <= 8:
@@ -109,6 +118,10 @@ class EBRLScheduler:
             batch_min=m,
             batch_timeout_s=self.batch_timeout_ms / 1000,
             slots=slots,
+            home=home_cores(len(workers), sorted(os.sched_getaffinity(0)))
+            if (self.pin_sim or self.rebind)
+            else None,
+            rebind=self.rebind,
         )
 
     def run(self, ctx: RunContext) -> Iterator[IterationReport]:

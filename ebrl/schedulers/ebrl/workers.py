@@ -14,6 +14,7 @@ Data path (DESIGN.md section 1a):
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 import traceback
 from collections import OrderedDict, deque
@@ -26,9 +27,11 @@ from ebrl.envs.base import EnvSpec
 from ebrl.rollout import EpisodeStats, SegmentBuilder
 from ebrl.runtime.channel import Address, Inbox, Outbox, node_ip
 from ebrl.runtime.slots import SlotSpec, open_slots
+from ebrl.resources.apply import pin, rebind
 from ebrl.schedulers.ebrl.messages import (
     Failed,
     Go,
+    Hello,
     Part,
     Ready,
     Report,
@@ -36,6 +39,7 @@ from ebrl.schedulers.ebrl.messages import (
     Telemetry,
     Weights,
 )
+from ebrl.schedulers.ebrl.rebind import rebind_plan
 from ebrl.stages.factory import StageFactory
 from ebrl.timeline import Timeline
 from ebrl.types import Observation, Segment, Transition
@@ -54,6 +58,8 @@ class Plan:
         batch_min: M, the generator acts once M eligible envs are ready ...
         batch_timeout_s: ... or once the oldest ready env has waited this long.
         slots: the shared slot arrays' layout and name.
+        home: env worker -> home cores it is pinned to (None: no pinning, no rebinding).
+        rebind: level 3's core rebinding (needs ``home``).
     """
 
     workers: list[list[int]]
@@ -64,6 +70,8 @@ class Plan:
     batch_min: int
     batch_timeout_s: float
     slots: SlotSpec
+    home: dict[int, frozenset[int]] | None = None
+    rebind: bool = False
 
     def owner(self) -> dict[int, int]:
         return {e: w for w, ids in enumerate(self.workers) for e in ids}
@@ -153,8 +161,11 @@ class EnvWorker(_Worker):
         return self._open_inbox(), self.stage.group.spec
 
     def _connect(self, peers: dict[str, Address]) -> None:
+        if self.plan.home is not None:  # pinned home cores (level 3 rebinds from there)
+            pin(0, self.plan.home[self.index])
         self.gen = Outbox(peers["gen"], self.authkey)
         self.learner = Outbox(peers["learner"], self.authkey)
+        self.gen.send(Hello(self.index, os.getpid()))
 
     def _ready(self, ids: np.ndarray, obs: np.ndarray) -> None:
         self.gen.send(Ready(ids, self.slots.put_obs(ids, obs)))
@@ -213,9 +224,12 @@ class EnvWorker(_Worker):
 
 # --- generation -------------------------------------------------------------------------------
 class GenWorker(_Worker):
-    """The generator: batches ready observations, acts, hands chunks back; enforces staleness."""
+    """The generator: batches ready observations, acts, hands chunks back; enforces staleness;
+    rebinds idle cores to straggling env workers (level 3)."""
 
     name = "gen"
+    #: applies core moves {pid: cores}; tests replace it with a recorder
+    rebinder = staticmethod(rebind)
 
     def open(self) -> Address:
         self.stage = self.factory.gen()
@@ -224,6 +238,23 @@ class GenWorker(_Worker):
     def _connect(self, peers: dict[str, Address]) -> None:
         n = len(self.plan.workers)
         self.envs = [Outbox(peers[f"sim{w}"], self.authkey) for w in range(n)]
+        self.pids: dict[int, int] = {}  # env worker -> pid (from its Hello)
+        self.pending = dict.fromkeys(range(n), 0)  # env worker -> envs it is stepping
+        self.bound: dict[int, frozenset[int]] = dict(self.plan.home or {})
+        self.rebinds = 0
+
+    def _rebind(self) -> None:
+        """Level 3: idle env workers' cores go to stragglers (see rebind.py)."""
+        if not (self.plan.rebind and self.plan.home):
+            return
+        want = rebind_plan(self.plan.home, self.pending)
+        moves = {
+            self.pids[w]: c for w, c in want.items() if c != self.bound.get(w) and w in self.pids
+        }
+        if moves:
+            self.rebinder(moves)
+            self.bound.update({w: c for w, c in want.items() if w in self.pids})
+            self.rebinds += 1
 
     def _eligible(self, e: int, decisions: np.ndarray) -> bool:
         # the decision lands in segment decisions[e] // T, trained by learner version == that
@@ -273,12 +304,17 @@ class GenWorker(_Worker):
                     if isinstance(m, Weights):
                         with tl.span("load", self.name, version=m.version):
                             self.stage.load(m.version, m.state)
+                    elif isinstance(m, Hello):
+                        self.pids[m.worker] = m.pid
                     elif isinstance(m, Ready):
                         now = time.perf_counter()
                         for i, e in enumerate(m.env_ids.tolist()):
                             ready[e] = now
                             if m.payload is not None:
                                 payload[e] = m.payload[i]
+                            if decisions[e] > 0:  # its chunk is done (not the first obs)
+                                self.pending[owner[e]] -= 1
+                        self._rebind()
                 continue
             ids = np.array(batch, dtype=np.int64)
             depth += len(ready)
@@ -302,11 +338,14 @@ class GenWorker(_Worker):
             for w, rows in by_worker.items():
                 part = chunk.select(torch.tensor(rows))
                 self.envs[w].send(Go(part.env_ids.numpy(), self.slots.put_chunk(part)))
+                self.pending[w] += len(rows)
+            self._rebind()
             self.flush(
                 {
                     "pipeline/gen_batch_mean": sizes / batches,
                     "pipeline/ready_depth_mean": depth / batches,
                     "pipeline/gen_version": float(self.stage.version),
+                    "resource/rebinds": float(self.rebinds),
                 }
             )
 

@@ -1,0 +1,67 @@
+"""Level 3's core rebinding: the greedy decision on fakes, and the generator applying it."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from ebrl.schedulers.ebrl import EBRLScheduler
+from ebrl.schedulers.ebrl.rebind import home_cores, rebind_plan
+from ebrl.schedulers.ebrl.workers import GenWorker
+
+from .test_ebrl_scheduler import context, fake_cfg
+
+H = {0: frozenset({0}), 1: frozenset({1}), 2: frozenset({2}), 3: frozenset({3})}
+
+
+def test_everyone_home_when_nobody_or_everybody_is_idle():
+    assert rebind_plan(H, {0: 2, 1: 1, 2: 3, 3: 1}) == H
+    assert rebind_plan(H, dict.fromkeys(H, 0)) == H
+
+
+def test_idle_cores_go_to_the_biggest_stragglers_first():
+    got = rebind_plan(H, {0: 0, 1: 3, 2: 0, 3: 1})
+    assert got[0] == {0} and got[2] == {2}  # idle workers keep their home
+    assert got[1] == {1, 0} and got[3] == {3, 2}  # dealt one by one, most pending first
+    got = rebind_plan(H, {0: 0, 1: 5, 2: 0, 3: 0})
+    assert got[1] == {0, 1, 2, 3}
+
+
+def test_cores_are_never_taken_from_a_busy_worker():
+    got = rebind_plan(H, {0: 1, 1: 0, 2: 4, 3: 2})
+    for w in (0, 2, 3):
+        assert H[w] <= got[w]
+    assert got[1] == H[1]
+    # only idle workers' cores are handed out
+    assert set().union(*(got[w] - H[w] for w in H)) <= H[1]
+
+
+def test_home_cores_round_robin():
+    assert home_cores(3, [4, 5]) == {0: {4}, 1: {5}, 2: {4}}
+    with pytest.raises(ValueError):
+        home_cores(2, [])
+
+
+def test_generator_rebinds_during_a_run(monkeypatch):
+    moves = []
+    monkeypatch.setattr(GenWorker, "rebinder", staticmethod(lambda m: moves.append(dict(m))))
+    cfg = fake_cfg(["simulator.delay_jitter_s=0.002"])
+    sched = EBRLScheduler(backend="inprocess", rebind=True, batch_timeout_ms=1.0)
+    _, ctx = context(cfg)
+    gen = sched.run(ctx)
+    try:
+        for _ in range(3):
+            next(gen)
+    finally:
+        gen.close()
+    cpus = sorted(os.sched_getaffinity(0))
+    assert moves, "no rebinding happened"
+    for m in moves:
+        for cores in m.values():
+            assert set(cores) <= set(cpus)
+
+
+def test_rebind_needs_step_level():
+    with pytest.raises(ValueError, match="step_level"):
+        EBRLScheduler(rebind=True, step_level=False)
