@@ -24,10 +24,10 @@ import numpy as np
 import torch
 
 from ebrl.envs.base import EnvSpec
+from ebrl.resources.apply import pin, rebind
 from ebrl.rollout import EpisodeStats, SegmentBuilder
 from ebrl.runtime.channel import Address, Inbox, Outbox, node_ip
 from ebrl.runtime.slots import SlotSpec, open_slots
-from ebrl.resources.apply import pin, rebind
 from ebrl.schedulers.ebrl.messages import (
     Failed,
     Go,
