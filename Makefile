@@ -44,9 +44,11 @@ $(VULKAN):
 # VLA-shaped transformer, chunks of 4): EBRL against the Colocated, Hybrid and Async replicas,
 # 3 seeds each, one after another (~10 min on 2 cores), then the table and figure.
 MAIN = outputs/main/$(NOW)
+RUN_SEEDS ?= 0,1,2
+RUN_ITERS ?= 10
 run: setup
 	$(PY) benchmarks/scheduler_throughput.py --configs colocated,hybrid,async,ebrl \
-	  --seeds 0,1,2 --iterations 10 --experiment main-$(NOW) --out $(MAIN)
+	  --seeds $(RUN_SEEDS) --iterations $(RUN_ITERS) --experiment main-$(NOW) --out $(MAIN)
 	$(PY) -m analysis.export --uri $(_URI) --experiment main-$(NOW) --out $(MAIN)/export \
 	  --traces > /dev/null
 	$(PY) -m analysis.report --runs $(MAIN)/export --kind headline --out $(MAIN)/report \
