@@ -38,12 +38,15 @@ class Timeline:
         self.spans: list[Span] = []
         self.busy: dict[str, float] = {}
         self.cpu: dict[str, float] = {}
+        #: stage -> the tracks (workers) it ran on: a stage's capacity is one lane per track
+        self.tracks: dict[str, set[str]] = {}
         self.max_spans = max_spans
         self._lock = threading.Lock()
 
     def add(self, span: Span) -> None:
         with self._lock:
             self.busy[span.stage] = self.busy.get(span.stage, 0.0) + (span.end - span.start)
+            self.tracks.setdefault(span.stage, set()).add(span.track)
             cpu = dict(span.args).get("cpu")
             if cpu is not None:
                 self.cpu[span.stage] = self.cpu.get(span.stage, 0.0) + float(cpu)

@@ -277,6 +277,9 @@ def train(cfg: DictConfig) -> Summary:
                 )
                 for stage, busy in timeline.busy.items():
                     m[f"time/{stage}/busy_s"] = busy
+                    # utilisation of the stage's lanes since the start; 1 - this is its bubbles
+                    lanes = len(timeline.tracks.get(stage, ())) or 1
+                    m[f"pipeline/{stage}_busy_frac"] = busy / max(lanes * (t_last - t_start), 1e-9)
                 for stage, cpu in timeline.cpu.items():
                     m[f"time/{stage}/cpu_s"] = cpu
                 if "env/success_rate" in m:

@@ -57,3 +57,20 @@ def test_failed_run_keeps_its_data(tiny_cfg, tmp_path, monkeypatch):
     (run,) = client.search_runs([client.get_experiment_by_name("ebrl").experiment_id])
     assert run.info.status == "FAILED"
     assert len(client.get_metric_history(run.info.run_id, "throughput/env_steps_per_s")) == 1
+
+
+def test_observability_metrics_are_logged(tiny_cfg, tmp_path):
+    """Staleness histogram, stage utilisation (bubbles = 1 - busy) per update."""
+    import csv
+
+    train(tiny_cfg(["scheduler=ebrl", "scheduler.backend=inprocess", "scheduler.staleness=2"]))
+    rows = list(csv.DictReader((tmp_path / "run" / "metrics.csv").open()))
+    keys = {k for r in rows for k, v in r.items() if v}
+    assert {"pipeline/sim_busy_frac", "pipeline/gen_busy_frac", "pipeline/train_busy_frac"} <= keys
+    assert {"pipeline/ready_depth_mean", "pipeline/gen_batch_mean"} <= keys
+    for r in rows:
+        fracs = [float(r[k]) for k in r if k.startswith("pipeline/staleness_frac_") and r[k]]
+        assert sum(fracs) == pytest.approx(1.0)
+        assert all(not r.get(f"pipeline/staleness_frac_{v}") for v in range(3, 9))
+    # worker spans reach the driver with telemetry, a little after the report they belong to
+    assert 0 < float(rows[-1]["pipeline/train_busy_frac"]) <= 1.0

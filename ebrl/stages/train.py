@@ -49,7 +49,11 @@ class TrainStage:
         if self.threads:
             torch.set_num_threads(self.threads)
         self.algo.policy.train()
+        hist = torch.bincount(seg.staleness(self.version).flatten().clamp(min=0))  # [max + 1]
         metrics = self.algo.update(seg)
+        # the staleness histogram: fraction of this segment's decisions v versions old
+        for v, count in enumerate(hist.tolist()):
+            metrics[f"pipeline/staleness_frac_{v}"] = count / max(1, seg.policy_version.numel())
         if self.checkpoint is not None and self.version % self.every == 0:
             save_learner(self.checkpoint, self.algo)
         return metrics
