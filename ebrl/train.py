@@ -8,6 +8,7 @@ update), ``timeline.json`` (Chrome trace) and ``summary.json``; the same go to M
 from __future__ import annotations
 
 import csv
+import dataclasses
 import hashlib
 import json
 import logging
@@ -28,7 +29,7 @@ import torch
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from ebrl.config import ConfigError, RunConfig, register, validate
+from ebrl.config import ConfigError, ResourcesNode, RunConfig, register, validate
 from ebrl.schedulers.base import RunContext
 from ebrl.stages.factory import StageFactory
 from ebrl.timeline import Timeline
@@ -199,6 +200,7 @@ def train(cfg: DictConfig) -> Summary:
     saved weights, and metrics continue in the same MLflow run, from the saved step on.
     """
     run = validate(cfg)
+    _refuse_unwired_resources(run)
     run_dir = _run_dir(run)
     (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
     summary = Summary(
@@ -321,6 +323,28 @@ def train(cfg: DictConfig) -> Summary:
         summary.overhead_frac = max(0.0, 1.0 - covered / max(steady_s, 1e-9))
         _write_outputs(run_dir, jsonl, summary, timeline, tracker)
     return summary
+
+
+def _refuse_unwired_resources(run: RunConfig) -> None:
+    """The ``resources`` group describes the resource manager's split; the schedulers do not read
+    it yet (they take ``threads.*`` and ``scheduler.pin_sim``). Refuse any non-default value
+    rather than run something other than what the config says."""
+    expected = {
+        f.name: getattr(ResourcesNode(), f.name) for f in dataclasses.fields(ResourcesNode)
+    }
+    # conf/resources/default.yaml mirrors threads.* into these two
+    expected.update(gen_threads=run.threads.gen, train_threads=run.threads.train)
+    changed = [
+        f"resources.{k}={getattr(run.resources, k)}"
+        for k, v in expected.items()
+        if getattr(run.resources, k) != v
+    ]
+    if changed:
+        raise ConfigError(
+            f"{', '.join(changed)}: the resource manager (ebrl/resources/, including the elastic "
+            "allocator) is not wired into the schedulers yet; set the split with threads.gen / "
+            "threads.train and pinning with scheduler.pin_sim, and leave resources at its defaults"
+        )
 
 
 def config_hash(cfg: DictConfig) -> str:

@@ -74,3 +74,11 @@ def test_observability_metrics_are_logged(tiny_cfg, tmp_path):
         assert all(not r.get(f"pipeline/staleness_frac_{v}") for v in range(3, 9))
     # worker spans reach the driver with telemetry, a little after the report they belong to
     assert 0 < float(rows[-1]["pipeline/train_busy_frac"]) <= 1.0
+
+
+def test_elastic_allocator_is_refused_until_wired(tiny_cfg, tmp_path):
+    from ebrl.config import ConfigError
+
+    with pytest.raises(ConfigError, match="not wired"):
+        train(tiny_cfg(["resources.allocator=elastic"]))
+    assert not (tmp_path / "run").exists()
