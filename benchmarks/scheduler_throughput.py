@@ -86,7 +86,7 @@ def run(name: str, seed: int, iters: int, warmup: int, out: Path, experiment: st
         f"warmup_iters={warmup}",
         "budget.env_steps=100000000",
         f"run_dir={run_dir}",
-        "tracking.experiment=bench-scheduler",
+        f"tracking.experiment={experiment}",
         "progress=false",
     ]
     subprocess.run(cmd, check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
