@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from ebrl.algos.loss import FlatBatch, behaviour_stats, sgd_update
+from ebrl.algos.loss import ClipConfig, FlatBatch, behaviour_stats, sgd_update
 from ebrl.algos.returns import group_relative_advantages
 from ebrl.policies.base import Policy
 from ebrl.types import Segment
@@ -31,8 +31,8 @@ Tensor = torch.Tensor
 
 
 @dataclass(kw_only=True)
-class GRPOConfig:
-    """GRPO hyperparameters; the PPO-clip machinery is shared with :class:`PPOConfig`."""
+class GRPOConfig(ClipConfig):
+    """GRPO hyperparameters; the PPO-clip update's own are in :class:`ClipConfig`."""
 
     group_size: int = 4
     """Envs per group; must equal EnvGroup's reset_group_size."""
@@ -40,32 +40,10 @@ class GRPOConfig:
     """Episode score: "return" (undiscounted sum of per-step rewards) or "success" (0/1)."""
     adv_eps: float = 1e-6
     """Added to the group std."""
-    lr: float = 3e-4
-    """Adam learning rate."""
-    adam_eps: float = 1e-5
-    """Adam epsilon."""
-    clip_coef: float = 0.2
-    """PPO ratio clip, on exp(current - proximal)."""
-    ent_coef: float = 0.0
-    """Entropy bonus coefficient."""
     kl_coef: float = 0.0
     """Penalty on KL(current || reference), reference = weights at construction; 0 = KL-free."""
-    max_grad_norm: float = 0.5
-    """Global gradient norm clip."""
-    target_kl: float | None = 0.1
-    """Early stop on approx KL(proximal || current) above this; None disables."""
-    scale_target_kl_with_chunk: bool = True
-    """Multiply target_kl by K (the KL of a chunk's summed log-prob grows with K)."""
-    update_epochs: int = 8
-    """Passes over the valid decisions per update."""
-    num_minibatches: int = 4
-    """Minibatches per pass."""
     norm_adv: bool = False
     """Re-standardise advantages per minibatch (off: group normalisation already did it)."""
-    behave_weight_threshold: float | None = 2.0
-    """Drop samples whose behaviour weight exp(prox - behav) exceeds this."""
-    dual_clip: float | None = 3.0
-    """Dual-clip constant c > 1 for negative advantages."""
 
     def __post_init__(self) -> None:
         # A plain str, not Literal: Hydra/OmegaConf structured configs reject Literal annotations.
@@ -75,12 +53,6 @@ class GRPOConfig:
             )
         if self.group_size < 1:
             raise ValueError(f"GRPOConfig.group_size must be >= 1, got {self.group_size}")
-
-    def effective_target_kl(self, chunk_size: int) -> float | None:
-        """The KL cutoff actually used for chunks of ``chunk_size`` actions."""
-        if self.target_kl is None:
-            return None
-        return self.target_kl * chunk_size if self.scale_target_kl_with_chunk else self.target_kl
 
 
 @dataclass(slots=True)

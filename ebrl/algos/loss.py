@@ -23,7 +23,6 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
 
 import torch
 from torch import nn
@@ -31,6 +30,42 @@ from torch import nn
 from ebrl.policies.base import Policy
 
 Tensor = torch.Tensor
+
+
+@dataclass(kw_only=True)
+class ClipConfig:
+    """Settings of the shared PPO-clip update (:func:`sgd_update`), common to PPO and GRPO."""
+
+    lr: float = 3e-4
+    """Adam learning rate."""
+    adam_eps: float = 1e-5
+    """Adam epsilon (CleanRL / ManiSkill value)."""
+    clip_coef: float = 0.2
+    """PPO ratio clip, on exp(current - proximal)."""
+    ent_coef: float = 0.0
+    """Entropy bonus coefficient (entropy summed over the K*A chunk dimensions)."""
+    max_grad_norm: float = 0.5
+    """Global gradient norm clip."""
+    target_kl: float | None = 0.1
+    """Stop the update at the first minibatch whose approx KL exceeds this; None disables."""
+    scale_target_kl_with_chunk: bool = True
+    """Multiply target_kl by K: the KL of a chunk's summed log-prob is about K times a step's."""
+    update_epochs: int = 8
+    """Passes over the segment per update."""
+    num_minibatches: int = 4
+    """Minibatches per pass over the decisions."""
+    norm_adv: bool = True
+    """Standardise advantages per minibatch."""
+    behave_weight_threshold: float | None = 2.0
+    """Drop samples with exp(prox - behav) above this (RLinf: default None, 2.0 in its scripts)."""
+    dual_clip: float | None = 3.0
+    """Dual-clip c > 1 for negative advantages (Ye et al. 2020; RLinf's clip_ratio_c, 3.0)."""
+
+    def effective_target_kl(self, chunk_size: int) -> float | None:
+        """The KL cutoff actually used for chunks of ``chunk_size`` actions."""
+        if self.target_kl is None:
+            return None
+        return self.target_kl * chunk_size if self.scale_target_kl_with_chunk else self.target_kl
 
 
 @dataclass(slots=True)
@@ -104,19 +139,6 @@ def decoupled_ppo_loss(
     )
 
 
-class SGDSettings(Protocol):
-    """Config fields the SGD loop reads (PPOConfig and GRPOConfig both have them)."""
-
-    clip_coef: float
-    ent_coef: float
-    max_grad_norm: float
-    update_epochs: int
-    num_minibatches: int
-    norm_adv: bool
-    behave_weight_threshold: float | None
-    dual_clip: float | None
-
-
 @dataclass(slots=True)
 class FlatBatch:
     """Decisions flattened to one batch dimension for minibatch SGD."""
@@ -140,7 +162,7 @@ def sgd_update(
     policy: Policy,
     optimizer: torch.optim.Optimizer,
     batch: FlatBatch,
-    cfg: SGDSettings,
+    cfg: ClipConfig,
     *,
     target_kl: float | None,
     vf_coef: float,

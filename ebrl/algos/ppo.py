@@ -13,54 +13,30 @@ from typing import Any
 
 import torch
 
-from ebrl.algos.loss import FlatBatch, behaviour_stats, explained_variance, sgd_update
+from ebrl.algos.loss import (
+    ClipConfig,
+    FlatBatch,
+    behaviour_stats,
+    explained_variance,
+    sgd_update,
+)
 from ebrl.algos.returns import chunk_returns, gae
 from ebrl.policies.base import Policy
 from ebrl.types import Segment
 
 
 @dataclass(kw_only=True)
-class PPOConfig:
-    """PPO hyperparameters (ManiSkill PPO baseline defaults)."""
+class PPOConfig(ClipConfig):
+    """PPO hyperparameters (ManiSkill PPO baseline defaults); the update's own in ClipConfig."""
 
     gamma: float = 0.8
     """Per-step discount; a decision of n steps is discounted by gamma**n."""
     gae_lambda: float = 0.9
     """GAE lambda, applied once per decision."""
-    lr: float = 3e-4
-    """Adam learning rate."""
-    adam_eps: float = 1e-5
-    """Adam epsilon (CleanRL / ManiSkill value)."""
-    clip_coef: float = 0.2
-    """PPO ratio clip, on exp(current - proximal)."""
-    ent_coef: float = 0.0
-    """Entropy bonus coefficient (entropy summed over the K*A chunk dimensions)."""
     vf_coef: float = 0.5
     """Value loss coefficient; value loss is 0.5 * (V - returns)^2, unclipped."""
-    max_grad_norm: float = 0.5
-    """Global gradient norm clip."""
-    target_kl: float | None = 0.1
-    """Stop the update at the first minibatch whose approx KL exceeds this; None disables."""
-    scale_target_kl_with_chunk: bool = True
-    """Multiply target_kl by K: the KL of a chunk's summed log-prob is about K times a step's."""
-    update_epochs: int = 8
-    """Passes over the segment per update."""
-    num_minibatches: int = 4
-    """Minibatches per pass over the T*N decisions."""
-    norm_adv: bool = True
-    """Standardise advantages per minibatch."""
     bootstrap_at_done: bool = True
     """Bootstrap V(final_obs) on termination too (ManiSkill's 'always'); truncation always does."""
-    behave_weight_threshold: float | None = 2.0
-    """Drop samples with exp(prox - behav) above this (RLinf: default None, 2.0 in its scripts)."""
-    dual_clip: float | None = 3.0
-    """Dual-clip c > 1 for negative advantages (Ye et al. 2020; RLinf's clip_ratio_c, 3.0)."""
-
-    def effective_target_kl(self, chunk_size: int) -> float | None:
-        """The KL cutoff actually used for chunks of ``chunk_size`` actions."""
-        if self.target_kl is None:
-            return None
-        return self.target_kl * chunk_size if self.scale_target_kl_with_chunk else self.target_kl
 
 
 class PPO:
