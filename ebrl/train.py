@@ -71,6 +71,8 @@ class Summary:
     #: steady state: fraction of wall time in which no stage (sim, gen, train, sync) ran
     overhead_frac: float = 0.0
     status: str = "FINISHED"
+    #: where the run wrote its files
+    run_dir: str = ""
 
 
 def _name(node: DictConfig) -> str:
@@ -211,6 +213,7 @@ def train(cfg: DictConfig) -> Summary:
         policy=_name(cfg.policy),
         simulator=str(cfg.simulator.get("task", _name(cfg.simulator))),
         algo=_name(cfg.algo),
+        run_dir=str(run_dir),
     )
     ckpt_path, prog_path, jsonl = (
         run_dir / "checkpoint.pt",
@@ -436,7 +439,7 @@ def main(cfg: DictConfig) -> None:
     print(
         f"\n{s.scheduler} on {s.simulator}: {s.env_steps} env steps in {s.wall_s:.0f} s, "
         f"throughput {s.throughput_e2e:.0f} env steps/s (steady state), "
-        f"success rate {s.success_rate:.2f}\nrun folder: {_run_dir(validate(cfg))}"
+        f"success rate {s.success_rate:.2f}\nrun folder: {s.run_dir}"
     )
 
 
