@@ -332,9 +332,7 @@ def _refuse_unwired_resources(run: RunConfig) -> None:
     """The ``resources`` group describes the resource manager's split; the schedulers do not read
     it yet (they take ``threads.*`` and ``scheduler.pin_sim``). Refuse any non-default value
     rather than run something other than what the config says."""
-    expected = {
-        f.name: getattr(ResourcesNode(), f.name) for f in dataclasses.fields(ResourcesNode)
-    }
+    expected = {f.name: getattr(ResourcesNode(), f.name) for f in dataclasses.fields(ResourcesNode)}
     # conf/resources/default.yaml mirrors threads.* into these two
     expected.update(gen_threads=run.threads.gen, train_threads=run.threads.train)
     changed = [
