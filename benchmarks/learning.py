@@ -25,16 +25,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from analysis.stats import ratio_ci  # noqa: E402
-from ebrl.tracking import git_commit, machine  # noqa: E402
+from benchmarks.common import LEVELS_OFF, provenance  # noqa: E402
 
 #: the synchronous schedule: EBRL's worker processes with every level off (lock-step rollout,
 #: then training); algorithmically the same as scheduler=sync, on two simulator processes
-SYNC = [
-    "scheduler=ebrl",
-    "scheduler.overlap=false",
-    "scheduler.pipeline=false",
-    "scheduler.step_level=false",
-]
+SYNC = ["scheduler=ebrl", *LEVELS_OFF]
 #: name -> (overrides, env-step budget). MLP policy (the transformer is for throughput studies:
 #: it learns too slowly on 2 cores). Budgets leave room past the reference's 80% point (shared
 #: notes: K=1 reached 80% at ~120k steps, K=4 at ~321k).
@@ -160,14 +155,10 @@ def main() -> None:
         w = csv.DictWriter(f, fieldnames=keys, extrasaction="ignore")
         w.writeheader()
         w.writerows(rows)
-    prov = {
-        "commit": git_commit(),
-        "machine": machine(),
-        "command": " ".join([Path(sys.executable).name, *sys.argv]),
-        "seeds": seeds,
-        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
-        "success_rate": "training episodes' success, last 10% of updates (stochastic policy)",
-    }
+    prov = provenance(
+        seeds,
+        success_rate="training episodes' success, last 10% of updates (stochastic policy)",
+    )
     (out / "table.md").write_text(
         f"# Learning on PushCube-v1\n\n{table}\n\n```json\n{json.dumps(prov, indent=2)}\n```\n"
     )

@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from analysis.stats import bootstrap_ci, ratio_ci  # noqa: E402
-from ebrl.tracking import git_commit, machine  # noqa: E402
+from benchmarks.common import LEVELS_OFF, provenance  # noqa: E402
 
 #: the embedded default: PushCube-v1 on CPU physics, the VLA-shaped transformer (size L:
 #: generation ~ simulation), action chunks of 4, 16 envs in 2 groups, 2 PPO epochs per update
@@ -48,7 +48,6 @@ WORKLOAD = [
     "algo.cfg.update_epochs=2",
     "algo.cfg.num_minibatches=2",
 ]
-OFF = ["scheduler.overlap=false", "scheduler.pipeline=false", "scheduler.step_level=false"]
 #: name -> overrides. Baselines first: "sync" is the in-process synchronous scheduler,
 #: "sync-workers" the same lock-step schedule on EBRL's worker processes (all levels off), and
 #: colocated / hybrid / async are the RLinf replicas (baselines/). Then EBRL's levels added one
@@ -57,7 +56,7 @@ OFF = ["scheduler.overlap=false", "scheduler.pipeline=false", "scheduler.step_le
 CONFIGS: dict[str, list[str]] = {
     "sync": ["scheduler=sync", "threads.gen=1", "threads.train=2"],
     "colocated": ["scheduler=colocated"],
-    "sync-workers": ["scheduler=ebrl", *OFF, "threads.train=2"],
+    "sync-workers": ["scheduler=ebrl", *LEVELS_OFF, "threads.train=2"],
     "hybrid": ["scheduler=hybrid", "threads.gen=1"],
     "async": ["scheduler=async", "scheduler.staleness=1", "threads.gen=1", "threads.train=1"],
     "+pipeline": ["scheduler=ebrl", "scheduler.step_level=false", "threads.train=1"],
@@ -194,17 +193,13 @@ def main() -> None:
         ]
     table = "\n".join(lines)
     print("\n" + table)
-    prov = {
-        "commit": git_commit(),
-        "machine": machine(),
-        "seeds": seeds,
-        "command": " ".join([Path(sys.executable).name, *sys.argv]),
-        "workload": WORKLOAD,
-        "configs": {n: CONFIGS[n] for n in names},
-        "iterations": args.iterations,
-        "warmup": args.warmup,
-        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
-    }
+    prov = provenance(
+        seeds,
+        workload=WORKLOAD,
+        configs={n: CONFIGS[n] for n in names},
+        iterations=args.iterations,
+        warmup=args.warmup,
+    )
     keep = (
         "config",
         "seed",
