@@ -81,12 +81,7 @@ class MLflowTracker:
             uri, artifact_root = local_store_uri(store)
         self.uri = uri
         self.client = MlflowClient(tracking_uri=uri)
-        exp = self.client.get_experiment_by_name(experiment)
-        exp_id = (
-            exp.experiment_id
-            if exp is not None
-            else self.client.create_experiment(experiment, artifact_location=artifact_root)
-        )
+        exp_id = _experiment_id(self.client, experiment, artifact_root)
         if resume_id is not None:
             self.run_id = resume_id
             self.client.update_run(resume_id, status="RUNNING")
@@ -166,3 +161,20 @@ def machine() -> str:
         f"{platform.machine()} {psutil.cpu_count(logical=True)} cpus {mem:.0f} GiB, "
         f"{gpu or 'no GPU'}, {platform.system()} python {platform.python_version()}"
     )
+
+
+def _experiment_id(client: Any, name: str, artifact_root: str | None) -> str:
+    """The experiment's id, creating it if needed. Runs started together (a local multirun, a
+    Slurm array) race to create it: the loser of the race finds the winner's."""
+    exp = client.get_experiment_by_name(name)
+    if exp is not None:
+        return exp.experiment_id
+    from mlflow.exceptions import MlflowException
+
+    try:
+        return client.create_experiment(name, artifact_location=artifact_root)
+    except MlflowException:
+        exp = client.get_experiment_by_name(name)
+        if exp is None:
+            raise
+        return exp.experiment_id

@@ -160,10 +160,67 @@ def test_staleness_and_stale_samples_dropped():
     assert pol.version == 6
 
 
-def test_target_kl_scales_with_chunk():
-    assert PPOConfig().effective_target_kl(4) == pytest.approx(0.4)
-    assert PPOConfig(scale_target_kl_with_chunk=False).effective_target_kl(4) == 0.1
+def test_target_kl_scales_with_chunk_only_for_chunk_ratios():
+    chunk = PPOConfig(ratio_level="chunk")
+    assert chunk.effective_target_kl(4) == pytest.approx(0.4)
+    assert PPOConfig(ratio_level="chunk", scale_target_kl_with_chunk=False).effective_target_kl(
+        4
+    ) == pytest.approx(0.1)
+    assert PPOConfig().effective_target_kl(4) == pytest.approx(0.1)  # per action: no scaling
     assert PPOConfig(target_kl=None).effective_target_kl(4) is None
+    with pytest.raises(ValueError, match="ratio_level='token'"):
+        PPOConfig(ratio_level="token")
+
+
+def test_per_action_ratios_hand_computed_with_mask():
+    """Two decisions of K=2: each executed action has its own clipped ratio, weighted by its
+    decision's advantage; the unexecuted second action of decision 1 does not count."""
+    prox = torch.zeros(2, 2)
+    cur = torch.log(torch.tensor([[1.5, 1.0], [0.5, 3.0]]))  # [B, K] ratios
+    adv = torch.tensor([1.0, -1.0])
+    mask = torch.tensor([[True, True], [True, False]])
+    behav = prox.sum(dim=1)  # fresh: w = 1
+    out = _loss(cur, prox, behav, adv, mask=mask, dual_clip=None)
+    # max(-A r, -A clip(r)): (0,0): max(-1.5, -1.2) = -1.2; (0,1): -1; (1,0): max(.5, .8) = .8
+    assert out.loss.item() == pytest.approx((-1.2 - 1.0 + 0.8) / 3)
+    assert out.clipfrac == pytest.approx(2 / 3)  # 1.5 and 0.5 leave [0.8, 1.2]; 3.0 is masked
+    # without the mask the ratio of 3.0 on a negative advantage counts: max(3, 1.2) = 3
+    unmasked = _loss(cur, prox, behav, adv, dual_clip=None)
+    assert unmasked.loss.item() == pytest.approx((-1.2 - 1.0 + 0.8 + 3.0) / 4)
+
+
+def test_per_action_behaviour_weight_is_the_chunks():
+    """The behaviour weight multiplies every action of its chunk and comes from the chunk's
+    summed proximal log-prob; a dropped chunk drops all its actions."""
+    prox = torch.tensor([[0.1, 0.2], [0.0, 0.0]])  # [B, K]
+    cur = prox.clone()  # ratio 1 everywhere
+    behav = torch.tensor([0.3 - math.log(1.5), -5.0])  # w = 1.5 and e^5 (dropped)
+    adv = torch.tensor([1.0, 1.0])
+    out = _loss(cur, prox, behav, adv)
+    assert out.loss.item() == pytest.approx(-1.5)  # (-1 * 1.5) * 2 actions / 2 kept actions
+    assert out.behave_dropped_frac == pytest.approx(0.5)
+    assert out.behave_weight_mean == pytest.approx(1.5)
+
+
+def test_chunk_and_action_ratios_agree_for_single_actions():
+    torch.manual_seed(0)
+    prox = torch.randn(6, 1)
+    cur = prox + 0.3 * torch.randn(6, 1)
+    adv = torch.randn(6)
+    a = _loss(cur, prox, prox.sum(1), adv)
+    c = _loss(cur.sum(1), prox.sum(1), prox.sum(1), adv)
+    assert a.loss.item() == pytest.approx(c.loss.item())
+    assert a.approx_kl == pytest.approx(c.approx_kl)
+
+
+@pytest.mark.parametrize("level", ["action", "chunk"])
+def test_update_runs_at_either_ratio_level(level):
+    torch.manual_seed(0)
+    pol = MLPPolicy(PolicySpec(O, A, 2), hidden=32, layers=2)
+    m = PPO(pol, PPOConfig(update_epochs=2, num_minibatches=2, ratio_level=level)).update(
+        _bandit_segment(pol)
+    )
+    assert pol.version == 1 and 0 < m["train/epochs_run"] <= 2
 
 
 def test_update_improves_surrogate_and_value():

@@ -82,3 +82,29 @@ def test_elastic_allocator_is_refused_until_wired(tiny_cfg, tmp_path):
     with pytest.raises(ConfigError, match="not wired"):
         train(tiny_cfg(["resources.allocator=elastic"]))
     assert not (tmp_path / "run").exists()
+
+
+def test_experiment_created_by_a_concurrent_run_is_reused():
+    """Runs launched together race to create their experiment: the loser reuses the winner's."""
+    from mlflow.exceptions import MlflowException
+
+    from ebrl.tracking import _experiment_id
+
+    class Racing:
+        created = None
+
+        def get_experiment_by_name(self, name):
+            return self.created
+
+        def create_experiment(self, name, artifact_location=None):
+            self.created = type("Exp", (), {"experiment_id": "7"})()  # the other run won
+            raise MlflowException(f"Experiment(name={name}) already exists")
+
+    assert _experiment_id(Racing(), "sweep", None) == "7"
+
+    class Broken(Racing):
+        def create_experiment(self, name, artifact_location=None):
+            raise MlflowException("database is locked")
+
+    with pytest.raises(MlflowException, match="locked"):
+        _experiment_id(Broken(), "sweep", None)

@@ -172,7 +172,7 @@ class GRPO:
         obs = seg.obs.flatten(0, 1)[mask]  # [B, O], valid decisions only
         actions = seg.actions.flatten(0, 1)[mask]  # [B, K, A]
         with torch.no_grad():
-            prox = policy.dist(obs, actions).log_prob(actions).sum(dim=(1, 2))  # [B]
+            prox = policy.dist(obs, actions).log_prob(actions).sum(dim=2)  # [B, K]
         behav = seg.logprob.flatten()[mask]  # [B]
         batch = FlatBatch(
             obs=obs,
@@ -180,7 +180,8 @@ class GRPO:
             behav_logprob=behav,
             prox_logprob=prox,
             advantages=ea.advantages.flatten().to(device)[mask],
-            returns=torch.zeros_like(prox),  # no critic
+            returns=torch.zeros_like(behav),  # no critic
+            n_steps=seg.n_steps.flatten()[mask],
         )
         w_mean, dropped = behaviour_stats(prox, behav, cfg.behave_weight_threshold)
         stats = sgd_update(

@@ -16,6 +16,22 @@ instead would keep the most off-policy samples at full strength. As there, the l
 normalised by the number of samples before dropping, so a dropped sample acts as a zero and does
 not inflate the others. With fresh data ``prox == behav``, ``w = 1`` and the loss is
 exactly standard PPO-clip.
+
+Ratio granularity (``ClipConfig.ratio_level``). A decision is a chunk of K actions with one
+advantage (chunk-level credit assignment, :mod:`ebrl.algos.returns`). The PPO ratio can be taken
+
+* per chunk (``"chunk"``): ``exp(sum_j cur_j - sum_j prox_j)``, one ratio per decision. Its log is
+  a sum of K per-action log-ratios, so it moves ~K times faster than a single action's and a
+  fixed clip range admits K times less change per action; actions sampled after the episode ended
+  inside the chunk (never executed) are in the sum too;
+* per action (``"action"``, the default): one ratio per executed action, each clipped on its own
+  and weighted by its decision's advantage, averaged over executed actions (as token-level PPO does
+  for language models and RLinf's ``logprob_type: action_level``). Actions that never ran are
+  masked out. Measured on PushCube-v1 (results/learning/): chunk-level updates at K=4 hit the KL
+  cutoff after ~half their epochs and learned worse.
+
+The behaviour weight ``w`` is always the chunk's (the behaviour policy sampled the whole chunk),
+``exp(sum_j prox_j - behav)`` over all K actions, as the stored behaviour log-prob is.
 """
 
 from __future__ import annotations
@@ -30,6 +46,7 @@ from torch import nn
 from ebrl.policies.base import Policy
 
 Tensor = torch.Tensor
+RATIO_LEVELS = ("action", "chunk")
 
 
 @dataclass(kw_only=True)
@@ -49,7 +66,10 @@ class ClipConfig:
     target_kl: float | None = 0.1
     """Stop the update at the first minibatch whose approx KL exceeds this; None disables."""
     scale_target_kl_with_chunk: bool = True
-    """Multiply target_kl by K: the KL of a chunk's summed log-prob is about K times a step's."""
+    """With ratio_level "chunk", multiply target_kl by K: the KL of a chunk's summed log-prob is
+    about K times a step's. Ignored with "action" (the KL is then per action already)."""
+    ratio_level: str = "action"
+    """"action": one clipped ratio per executed action; "chunk": one per decision (module doc)."""
     update_epochs: int = 8
     """Passes over the segment per update."""
     num_minibatches: int = 4
@@ -65,7 +85,15 @@ class ClipConfig:
         """The KL cutoff actually used for chunks of ``chunk_size`` actions."""
         if self.target_kl is None:
             return None
-        return self.target_kl * chunk_size if self.scale_target_kl_with_chunk else self.target_kl
+        if self.ratio_level == "chunk" and self.scale_target_kl_with_chunk:
+            return self.target_kl * chunk_size
+        return self.target_kl
+
+    def __post_init__(self) -> None:
+        if self.ratio_level not in RATIO_LEVELS:
+            raise ValueError(
+                f"ratio_level={self.ratio_level!r}: expected one of {', '.join(RATIO_LEVELS)}"
+            )
 
 
 @dataclass(slots=True)
@@ -88,50 +116,71 @@ def decoupled_ppo_loss(
     clip_coef: float,
     behave_weight_threshold: float | None,
     dual_clip: float | None,
+    mask: Tensor | None = None,
 ) -> PolicyLoss:
     """Decoupled PPO-clip loss with behaviour weighting and optional dual clip.
 
+    Ratios are per chunk when ``logprob`` is ``[B]`` and per action when it is ``[B, K]``.
+
     Args:
-        logprob: ``[B]`` current log-probs (with gradients).
-        prox_logprob: ``[B]`` proximal log-probs (weights at the start of the update).
-        behav_logprob: ``[B]`` behaviour log-probs (the weights that acted).
+        logprob: ``[B]`` or ``[B, K]`` current log-probs (with gradients).
+        prox_logprob: same shape, proximal log-probs (weights at the start of the update).
+        behav_logprob: ``[B]`` behaviour log-probs of the whole chunks (the weights that acted).
         advantages: ``[B]``.
         clip_coef: PPO ratio clip.
         behave_weight_threshold: drop samples with ``exp(prox - behav)`` above this; None keeps
             every sample.
         dual_clip: for negative advantages, cap the loss at ``dual_clip * |A|`` (Ye et al. 2020)
             so a huge ratio on a bad action cannot dominate the gradient; None disables it.
+        mask: ``[B, K]`` bool, per-action ratios only: which actions count (those executed).
 
     Returns:
         The loss (mean over the kept samples, as RLinf v0.3's ``masked_mean`` over its behaviour
-        mask does in ``compute_decoupled_ppo_actor_loss``) and diagnostics.
+        mask does in ``compute_decoupled_ppo_actor_loss``; per action: over kept, unmasked
+        actions) and diagnostics.
     """
+    per_action = logprob.dim() == 2
     prox_logprob = prox_logprob.detach()
-    log_ratio = logprob - prox_logprob  # [B]
-    ratio = log_ratio.exp()  # [B]
-    pg1 = -advantages * ratio  # [B]
-    pg2 = -advantages * ratio.clamp(1.0 - clip_coef, 1.0 + clip_coef)  # [B]
-    pg = torch.maximum(pg1, pg2)  # [B], pessimistic bound
+    log_ratio = logprob - prox_logprob  # [B] or [B, K]
+    ratio = log_ratio.exp()
+    adv = advantages[:, None] if per_action else advantages  # broadcast over K
+    pg1 = -adv * ratio
+    pg2 = -adv * ratio.clamp(1.0 - clip_coef, 1.0 + clip_coef)
+    pg = torch.maximum(pg1, pg2)  # pessimistic bound
     if dual_clip is not None:
         if dual_clip <= 1.0:
             raise ValueError(f"dual_clip must be > 1, got {dual_clip}")
         # -A * c is positive when A < 0: the loss (= -objective) may not exceed c * |A|.
-        capped = torch.minimum(pg, -advantages * dual_clip)  # [B]
-        pg = torch.where(advantages < 0, capped, pg)
+        capped = torch.minimum(pg, -adv * dual_clip)
+        pg = torch.where(adv < 0, capped, pg)
 
     with torch.no_grad():
-        weight = (prox_logprob - behav_logprob.detach()).exp()  # [B] behaviour weight
+        prox_chunk = prox_logprob.sum(dim=1) if per_action else prox_logprob  # [B]
+        weight = (prox_chunk - behav_logprob.detach()).exp()  # [B] behaviour weight
         if behave_weight_threshold is not None:
             keep = weight <= behave_weight_threshold  # [B] bool
         else:
             keep = torch.ones_like(weight, dtype=torch.bool)
         weight = torch.where(keep, weight, torch.zeros_like(weight))  # [B]
         n_keep = int(keep.sum())
-        approx_kl = float(((ratio - 1.0) - log_ratio).mean()) if ratio.numel() else 0.0
-        clipfrac = float(((ratio - 1.0).abs() > clip_coef).float().mean()) if ratio.numel() else 0.0
+        if per_action:
+            m = mask if mask is not None else torch.ones_like(ratio, dtype=torch.bool)  # [B, K]
+            elem_w = weight[:, None] * m  # [B, K]
+            denom = float((keep[:, None] & m).sum())
+            counted = m
+        else:
+            elem_w = weight  # [B]
+            denom = float(n_keep)
+            counted = torch.ones_like(ratio, dtype=torch.bool)
+        n_counted = int(counted.sum())
+        if n_counted:
+            approx_kl = float((((ratio - 1.0) - log_ratio) * counted).sum()) / n_counted
+            clipfrac = float((((ratio - 1.0).abs() > clip_coef) & counted).sum()) / n_counted
+        else:
+            approx_kl = clipfrac = 0.0
     b = max(advantages.numel(), 1)
     return PolicyLoss(
-        loss=(pg * weight).sum() / max(n_keep, 1),
+        loss=(pg * elem_w).sum() / max(denom, 1.0),
         approx_kl=approx_kl,
         clipfrac=clipfrac,
         behave_weight_mean=float(weight.sum()) / n_keep if n_keep else 0.0,
@@ -145,10 +194,11 @@ class FlatBatch:
 
     obs: Tensor  # [B, O]
     actions: Tensor  # [B, K, A]
-    behav_logprob: Tensor  # [B]
-    prox_logprob: Tensor  # [B]
+    behav_logprob: Tensor  # [B], the whole chunk's
+    prox_logprob: Tensor  # [B, K], per action (summed over A)
     advantages: Tensor  # [B]
     returns: Tensor  # [B], value targets (unused when vf_coef == 0)
+    n_steps: Tensor | None = None  # [B] int64, actions executed (None: all K)
 
     def __len__(self) -> int:
         return int(self.obs.shape[0])
@@ -189,19 +239,27 @@ def sgd_update(
             if idx.numel() == 0:
                 continue
             d = policy.dist(batch.obs[idx], batch.actions[idx])  # loc/scale [b, K, A]
-            logprob = d.log_prob(batch.actions[idx]).sum(dim=(1, 2))  # [b]
+            logprob = d.log_prob(batch.actions[idx]).sum(dim=2)  # [b, K]
+            prox = batch.prox_logprob[idx]  # [b, K]
             entropy = d.entropy().sum(dim=(1, 2))  # [b]
             adv = batch.advantages[idx]  # [b]
             if cfg.norm_adv and adv.numel() > 1:
                 adv = (adv - adv.mean()) / (adv.std() + 1e-8)
+            mask = None
+            if cfg.ratio_level == "chunk":
+                logprob, prox = logprob.sum(dim=1), prox.sum(dim=1)  # [b]
+            elif batch.n_steps is not None:
+                k = logprob.shape[1]
+                mask = torch.arange(k, device=adv.device)[None, :] < batch.n_steps[idx][:, None]
             pl = decoupled_ppo_loss(
                 logprob,
-                batch.prox_logprob[idx],
+                prox,
                 batch.behav_logprob[idx],
                 adv,
                 clip_coef=cfg.clip_coef,
                 behave_weight_threshold=cfg.behave_weight_threshold,
                 dual_clip=cfg.dual_clip,
+                mask=mask,
             )
             approx_kl = pl.approx_kl
             if target_kl is not None and pl.approx_kl > target_kl:
@@ -243,7 +301,10 @@ def sgd_update(
 def behaviour_stats(
     prox_logprob: Tensor, behav_logprob: Tensor, threshold: float | None
 ) -> tuple[float, float]:
-    """(mean behaviour weight over kept samples, dropped fraction) over a whole batch ``[B]``."""
+    """(mean behaviour weight over kept samples, dropped fraction) over a whole batch; chunk
+    log-probs ``[B]`` (per-action ``[B, K]`` proximal log-probs are summed)."""
+    if prox_logprob.dim() == 2:
+        prox_logprob = prox_logprob.sum(dim=1)  # [B]
     w = (prox_logprob - behav_logprob).exp()  # [B]
     keep = w <= threshold if threshold is not None else torch.ones_like(w, dtype=torch.bool)
     n_keep = int(keep.sum())

@@ -70,9 +70,7 @@ class PPO:
             # values are old, and the proximal weights are what the update starts from.
             value = policy.value(flat_obs).view(t_len, n)  # [T, N]
             next_value = policy.value(seg.final_obs.flatten(0, 1)).view(t_len, n)  # [T, N]
-            prox = (
-                policy.dist(flat_obs, flat_actions).log_prob(flat_actions).sum(dim=(1, 2))
-            )  # [T*N]
+            prox = policy.dist(flat_obs, flat_actions).log_prob(flat_actions).sum(dim=2)  # [T*N, K]
 
         ret, discount = chunk_returns(seg.reward, seg.n_steps, cfg.gamma)  # [T, N] each
         done = seg.terminated | seg.truncated  # [T, N]
@@ -80,7 +78,7 @@ class PPO:
         bootstrap = ~seg.terminated | cfg.bootstrap_at_done  # [T, N]
         adv, returns = gae(ret, discount, value, next_value, done, bootstrap, cfg.gae_lambda)
 
-        behav = seg.logprob.flatten()  # [T*N]
+        behav = seg.logprob.flatten()  # [T*N], whole chunks
         batch = FlatBatch(
             obs=flat_obs,
             actions=flat_actions,
@@ -88,6 +86,7 @@ class PPO:
             prox_logprob=prox,
             advantages=adv.flatten(),
             returns=returns.flatten(),
+            n_steps=seg.n_steps.flatten(),
         )
         w_mean, dropped = behaviour_stats(prox, behav, cfg.behave_weight_threshold)
         stats = sgd_update(
