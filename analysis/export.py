@@ -55,6 +55,7 @@ CURVE_KEYS = (
     "throughput/env_steps_per_s",
     "env/success_rate",
     "env/*",
+    "eval/*",
     "pipeline/*",
     "time/*/busy_s",
 )

@@ -123,16 +123,21 @@ def build(
             else "algo"
         )
         t = tables.grpo(
-            runs, value=args.value, config_cols=cfg, algo_col=algo, ci=args.ci, rng=rng, **common
+            runs,
+            value=args.value,
+            config_cols=cfg,
+            algo_col=algo,
+            extra=(args.success,),
+            ci=args.ci,
+            rng=rng,
+            **common,
         )
         gcfg = [*cfg, algo]
         return t, [
             ("", figs.throughput_bars(runs, value=args.value, config_cols=gcfg, scheduler_col=sc)),
             (
                 "_success",
-                figs.throughput_bars(
-                    runs, value="success_rate", config_cols=gcfg, scheduler_col=sc
-                ),
+                figs.throughput_bars(runs, value=args.success, config_cols=gcfg, scheduler_col=sc),
             ),
         ]
     if kind == "ablation":
@@ -143,13 +148,19 @@ def build(
             runs,
             k_col=args.k_col,
             value=args.value,
+            success=args.success,
             config_cols=cfg,
             scheduler_col=sc,
             ci=args.ci,
             rng=rng,
         )
         f = figs.staleness_plot(
-            runs, k_col=args.k_col, value=args.value, config_cols=cfg, scheduler_col=sc
+            runs,
+            k_col=args.k_col,
+            value=args.value,
+            success=args.success,
+            config_cols=cfg,
+            scheduler_col=sc,
         )
         return t, [("", f)]
     if kind == "convergence":
@@ -205,6 +216,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--scale-col", default="param.num_envs")
     ap.add_argument("--k-col", default="param.scheduler.staleness")
     ap.add_argument("--algo-col", help="grpo: default param.variant where set, else algo")
+    ap.add_argument(
+        "--success",
+        default="success_rate",
+        help="runs.csv success column of the staleness and grpo kinds (e.g. eval_success_rate)",
+    )
     ap.add_argument("--key", default="env/success_rate", help="curve key for convergence")
     ap.add_argument("--threshold", type=float, default=0.8)
     ap.add_argument("--window", type=int, default=5, help="trailing-mean points of a curve")

@@ -14,6 +14,7 @@ import json
 import logging
 import math
 import os
+import shutil
 import signal
 import threading
 import time
@@ -30,8 +31,10 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from ebrl.config import ConfigError, ResourcesNode, RunConfig, register, validate
+from ebrl.evaluate import evaluate
 from ebrl.schedulers.base import RunContext
 from ebrl.stages.factory import StageFactory
+from ebrl.stages.train import load_checkpoint, snapshots
 from ebrl.timeline import Timeline
 from ebrl.tracking import MLflowTracker, NullTracker, Tracker, git_commit, machine
 
@@ -62,6 +65,15 @@ class Summary:
     throughput_overall: float = 0.0
     #: training success rate over the last iterations' episodes
     success_rate: float = float("nan")
+    #: evaluation of the final weights (ebrl.evaluate; eval.episodes > 0): success rate over
+    #: that many episodes, and the learner version evaluated
+    eval_success_rate: float | None = None
+    eval_episodes: int = 0
+    eval_policy_version: int | None = None
+    #: learning curve of evaluated snapshots (eval.every_iters > 0): the first wall-clock second
+    #: / env step whose snapshot reached 0.8 evaluation success (None: never)
+    eval_time_to_80: float | None = None
+    eval_steps_to_80: int | None = None
     #: first wall-clock second / env step at which the success rate reached 0.8 (None: never)
     time_to_80: float | None = None
     steps_to_80: int | None = None
@@ -251,6 +263,11 @@ def train(cfg: DictConfig) -> Summary:
         factory = replace(
             factory, checkpoint=str(ckpt_path), checkpoint_every=run.checkpoint.every_iters
         )
+    snap_dir = run_dir / "snapshots"
+    if prog.iterations == 0 and snap_dir.exists():  # a fresh start: no earlier run's weights
+        shutil.rmtree(snap_dir)
+    if run.eval.every_iters > 0:
+        factory = replace(factory, snapshots=str(snap_dir), snapshot_every=run.eval.every_iters)
     ctx = RunContext(
         factory=factory,
         decisions_per_env=run.decisions_per_env,
@@ -303,6 +320,11 @@ def train(cfg: DictConfig) -> Summary:
                     )
                 if _budget_spent(run, summary.env_steps, now, summary.iterations):
                     break
+        gen.close()  # stop the stages (and their CPU use) before evaluating
+        if run.eval.every_iters > 0:
+            _evaluate_curve(run, factory, snap_dir, jsonl, summary, tracker)
+        if run.eval.episodes > 0:
+            _evaluate_final(run, factory, ckpt_path, summary, tracker)
     except BaseException as e:
         summary.status = "KILLED" if isinstance(e, (KeyboardInterrupt, Preempted)) else "FAILED"
         log.error("run stopped (%s: %s); results so far are in %s", type(e).__name__, e, run_dir)
@@ -328,23 +350,142 @@ def train(cfg: DictConfig) -> Summary:
     return summary
 
 
+def _evaluate_final(
+    run: RunConfig, factory: StageFactory, ckpt_path: Path, summary: Summary, tracker: Tracker
+) -> None:
+    """Evaluate the learner's last checkpoint (the final weights: ``every_iters`` is 1)."""
+    ckpt = load_checkpoint(ckpt_path)
+    if ckpt is None:
+        log.warning("eval: no checkpoint in %s (no update ran); nothing to evaluate", ckpt_path)
+        return
+    res = evaluate(
+        factory,
+        (int(ckpt["version"]), ckpt["policy"]),
+        episodes=run.eval.episodes,
+        num_envs=run.eval.num_envs,
+        deterministic=run.eval.deterministic,
+        threads=run.threads.train,
+    )
+    summary.eval_success_rate = res.success_rate
+    summary.eval_episodes = res.episodes
+    summary.eval_policy_version = res.policy_version
+    log.info(
+        "eval: %d/%d episodes succeeded (%s policy, version %d, %.1f s)",
+        res.successes,
+        res.episodes,
+        "deterministic" if res.deterministic else "stochastic",
+        res.policy_version,
+        res.seconds,
+    )
+    tracker.log_metrics(
+        {
+            "eval/success_rate": res.success_rate,
+            "eval/return": res.mean_return,
+            "eval/episode_length": res.mean_length,
+            "eval/seconds": res.seconds,
+        },
+        step=summary.env_steps,
+    )
+
+
+def _evaluate_curve(
+    run: RunConfig,
+    factory: StageFactory,
+    snap_dir: Path,
+    jsonl: Path,
+    summary: Summary,
+    tracker: Tracker,
+) -> None:
+    """Evaluate every kept snapshot; log ``eval/success_rate`` at the env step of the update that
+    made it (the report of update ``v`` is metrics row ``v - 1``), write ``eval_curve.csv``."""
+    rows = [json.loads(line) for line in jsonl.read_text().splitlines()] if jsonl.exists() else []
+    at = {r["iteration"] + 1: r for r in rows}  # version after the update -> its report
+    out = []
+    for path in snapshots(snap_dir):
+        snap = torch.load(path, map_location="cpu", weights_only=True)
+        v = int(snap["version"])
+        row = at.get(v)
+        if row is None:  # the learner ran past the last report (asynchronous schedules)
+            continue
+        res = evaluate(
+            factory,
+            (v, snap["policy"]),
+            episodes=run.eval.curve_episodes,
+            num_envs=run.eval.num_envs,
+            deterministic=run.eval.deterministic,
+            threads=run.threads.train,
+        )
+        steps, wall = int(row["env/steps_total"]), float(row["time/wall_s"])
+        out.append({"version": v, "env_steps": steps, "wall_s": wall, "success": res.success_rate})
+        tracker.log_metrics({"eval/success_rate": res.success_rate}, step=steps)
+        if summary.eval_time_to_80 is None and res.success_rate >= 0.8:
+            summary.eval_time_to_80, summary.eval_steps_to_80 = wall, steps
+    if out:
+        with (jsonl.parent / "eval_curve.csv").open("w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=list(out[0]))
+            w.writeheader()
+            w.writerows(out)
+    log.info("eval: learning curve of %d snapshots in %s", len(out), snap_dir)
+
+
 def _refuse_unwired_resources(run: RunConfig) -> None:
-    """The ``resources`` group describes the resource manager's split; the schedulers do not read
-    it yet (they take ``threads.*`` and ``scheduler.pin_sim``). Refuse any non-default value
-    rather than run something other than what the config says."""
+    """The ``resources`` group is read by the EBRL scheduler's resource manager only
+    (``ebrl/schedulers/ebrl/manage.py``). Refuse a non-default value that the run would not
+    honour: any, under another scheduler; under ``scheduler=ebrl``, GPU SM quotas (its stages run
+    on CPU), cores without pinning, and settings of a part that is off."""
+    res = run.resources
     expected = {f.name: getattr(ResourcesNode(), f.name) for f in dataclasses.fields(ResourcesNode)}
     # conf/resources/default.yaml mirrors threads.* into these two
     expected.update(gen_threads=run.threads.gen, train_threads=run.threads.train)
-    changed = [
-        f"resources.{k}={getattr(run.resources, k)}"
-        for k, v in expected.items()
-        if getattr(run.resources, k) != v
-    ]
-    if changed:
+    changed = [f"resources.{k}={getattr(res, k)}" for k, v in expected.items() if getattr(res, k) != v]
+    if not changed:
+        return
+    target = str(getattr(run.scheduler, "_target_", ""))
+    if target != "ebrl.schedulers.ebrl.EBRLScheduler":
         raise ConfigError(
             f"{', '.join(changed)}: the resource manager (ebrl/resources/, including the elastic "
-            "allocator) is not wired into the schedulers yet; set the split with threads.gen / "
-            "threads.train and pinning with scheduler.pin_sim, and leave resources at its defaults"
+            f"allocator) is not wired into scheduler {target.rsplit('.', 1)[-1]}, only into "
+            "scheduler=ebrl; use scheduler=ebrl, or set the split with threads.gen / threads.train "
+            "and leave resources at its defaults"
+        )
+    quotas = [f"resources.{k}={getattr(res, k)}" for k in ("gen_sm_pct", "train_sm_pct")]
+    if res.gen_sm_pct is not None or res.train_sm_pct is not None:
+        raise ConfigError(
+            f"{', '.join(q for q in quotas if not q.endswith('None'))}: GPU SM quotas (MPS) are "
+            "not applied by scheduler=ebrl, whose stages run on CPU; leave gen_sm_pct and "
+            "train_sm_pct null (the CPU split is gen_threads / train_threads, or cores with "
+            "resources.pin=true)"
+        )
+    cores = [
+        f"resources.{k}={getattr(res, k)}"
+        for k in ("sim_cores", "gen_cores", "train_cores")
+        if getattr(res, k) is not None
+    ]
+    if cores and not res.pin:
+        raise ConfigError(
+            f"{', '.join(cores)}: cores are only given out with pinning; set resources.pin=true, "
+            "or split threads with resources.gen_threads / train_threads"
+        )
+    if res.gen_batch is not None and (res.gen_batch < 1 or not run.scheduler.step_level):
+        raise ConfigError(
+            f"resources.gen_batch={res.gen_batch}: the generator's batch size must be >= 1 and "
+            "only applies with scheduler.step_level=true (otherwise it acts on whole env groups)"
+        )
+    if res.allocator != "elastic":
+        unused = [
+            f"resources.{k}={getattr(res, k)}"
+            for k in ("rebalance_threshold", "rebalance_patience", "profile")
+            if getattr(res, k) != expected[k]
+        ]
+        if unused:
+            raise ConfigError(
+                f"{', '.join(unused)}: only read by the elastic allocator; set "
+                "resources.allocator=elastic or leave them at their defaults"
+            )
+    elif res.profile is not None and not Path(res.profile).is_file():
+        raise ConfigError(
+            f"resources.profile={res.profile}: no such file; give a profile saved by "
+            "ebrl.resources.profiler (a run's profile.json), or null to profile at start"
         )
 
 
@@ -419,8 +560,10 @@ def _write_outputs(
         }
         if not math.isnan(summary.success_rate):
             final["summary/success_rate"] = summary.success_rate
+        if summary.eval_success_rate is not None:
+            final["summary/eval_success_rate"] = summary.eval_success_rate
         tracker.log_metrics(final, step=summary.env_steps)
-        for p in (run_dir / "config.yaml", spath, trace, curve_path):
+        for p in (run_dir / "config.yaml", spath, trace, curve_path, run_dir / "eval_curve.csv"):
             if p.exists():
                 tracker.log_artifact(p)
     finally:
@@ -437,7 +580,13 @@ def main(cfg: DictConfig) -> None:
     print(
         f"\n{s.scheduler} on {s.simulator}: {s.env_steps} env steps in {s.wall_s:.0f} s, "
         f"throughput {s.throughput_e2e:.0f} env steps/s (steady state), "
-        f"success rate {s.success_rate:.2f}\nrun folder: {s.run_dir}"
+        f"success rate {s.success_rate:.2f} (training episodes)"
+        + (
+            f", {s.eval_success_rate:.2f} in {s.eval_episodes} evaluation episodes"
+            if s.eval_success_rate is not None
+            else ""
+        )
+        + f"\nrun folder: {s.run_dir}"
     )
 
 

@@ -36,6 +36,9 @@ class StageFactory:
     #: learner checkpoint file: saved to by the learner, resumed from by learner and generator
     checkpoint: str | None = None
     checkpoint_every: int = 1
+    #: folder the learner keeps weight snapshots in, every ``snapshot_every`` updates
+    snapshots: str | None = None
+    snapshot_every: int = 1
 
     @classmethod
     def from_config(cls, cfg: DictConfig) -> StageFactory:
@@ -101,4 +104,6 @@ class StageFactory:
             threads=int(self.cfg["threads"]["train"]),
             checkpoint=self.checkpoint,
             every=self.checkpoint_every,
+            snapshots=self.snapshots,
+            snapshot_every=self.snapshot_every,
         )

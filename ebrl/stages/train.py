@@ -26,6 +26,10 @@ class TrainStage:
         threads: torch intra-op threads while training (None leaves torch's setting).
         checkpoint: file to save the learner to every ``every`` updates (None: never).
         every: updates between checkpoints.
+        snapshots: folder to keep a copy of the weights in every ``snapshot_every`` updates
+            (``v<version>.pt``: version and policy only), for evaluating the learning curve
+            after the run without spending the run's CPU on it (None: keep none).
+        snapshot_every: updates between snapshots.
     """
 
     def __init__(
@@ -34,11 +38,15 @@ class TrainStage:
         threads: int | None = None,
         checkpoint: str | Path | None = None,
         every: int = 1,
+        snapshots: str | Path | None = None,
+        snapshot_every: int = 1,
     ) -> None:
         self.algo = algo
         self.threads = threads
         self.checkpoint = Path(checkpoint) if checkpoint else None
         self.every = max(1, every)
+        self.snapshots = Path(snapshots) if snapshots else None
+        self.snapshot_every = max(1, snapshot_every)
 
     @property
     def version(self) -> int:
@@ -56,6 +64,8 @@ class TrainStage:
             metrics[f"pipeline/staleness_frac_{v}"] = count / max(1, seg.policy_version.numel())
         if self.checkpoint is not None and self.version % self.every == 0:
             save_learner(self.checkpoint, self.algo)
+        if self.snapshots is not None and self.version % self.snapshot_every == 0:
+            save_snapshot(self.snapshots, self.algo.policy)
         return metrics
 
     def weights(self) -> tuple[int, dict[str, torch.Tensor]]:
@@ -73,6 +83,21 @@ def save_learner(path: Path, algo: Algorithm) -> None:
     tmp = path.with_suffix(".tmp")
     torch.save(state, tmp)
     os.replace(tmp, path)
+
+
+def save_snapshot(folder: Path, policy: Policy) -> Path:
+    """The policy's weights and version as ``folder/v<version>.pt`` (atomic)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"v{policy.version:07d}.pt"
+    tmp = path.with_suffix(".tmp")
+    torch.save({"version": policy.version, "policy": policy.state_dict()}, tmp)
+    os.replace(tmp, path)
+    return path
+
+
+def snapshots(folder: Path) -> list[Path]:
+    """The snapshots in ``folder``, oldest version first."""
+    return sorted(folder.glob("v*.pt")) if folder.exists() else []
 
 
 def load_checkpoint(path: str | Path) -> dict | None:
