@@ -66,6 +66,7 @@ class CountingSim:
     action_dim: int = 2
     delay_s: float = 0.0
     delay_jitter_s: float = 0.0
+    max_steps: int | None = None
     fail_after_steps: int | None = None
     fail_mode: str = "raise"
 
@@ -621,6 +622,21 @@ class RunConfig:
     threads: ThreadsConfig = field(default_factory=ThreadsConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+@dataclass
+class EvalConfig:
+    #: episodes of the final weights to run after training (0: no evaluation); see ebrl.evaluate
+    episodes: int = 0
+    #: envs stepped together during evaluation
+    num_envs: int = 8
+    #: act with the chunk's mean (False: sample, as in training)
+    deterministic: bool = True
+    #: learning curve: keep the learner's weights every this many updates and, after the run,
+    #: evaluate each on ``curve_episodes`` episodes (logged as eval/success_rate at the env step
+    #: and wall-clock of that update); 0: no curve
+    every_iters: int = 0
+    curve_episodes: int = 24
+
+
     #: issue 6: accelerator type, stage resource split, where jobs run
     gpu: GPUNode = field(default_factory=GPUNode)
     resources: ResourcesNode = field(default_factory=ResourcesNode)
@@ -631,6 +647,7 @@ class RunConfig:
     seed: int = 0
     #: environments in total
     num_envs: int = 16
+    eval: EvalConfig = field(default_factory=EvalConfig)
     #: env groups (one simulator worker each); the EBRL scheduler pipelines them
     env_groups: int = 2
     #: K: actions per policy decision (1 = single actions)
@@ -714,6 +731,23 @@ def validate(cfg: DictConfig, machine: MachineFacts | None = None) -> RunConfig:
     if isinstance(run.scheduler, EBRLSchedulerNode):
         sch = run.scheduler
         _check(0 <= sch.staleness <= 8, f"scheduler.staleness={sch.staleness}: must be 0..8")
+    _check(
+        run.eval.episodes >= 0 and run.eval.num_envs >= 1 and run.eval.every_iters >= 0,
+        f"eval.episodes={run.eval.episodes}, eval.num_envs={run.eval.num_envs}, "
+        f"eval.every_iters={run.eval.every_iters}: need episodes >= 0, num_envs >= 1 and "
+        "every_iters >= 0",
+    )
+    _check(
+        run.eval.every_iters == 0 or run.eval.curve_episodes >= 1,
+        f"eval.curve_episodes={run.eval.curve_episodes}: a curve needs at least 1 episode per "
+        "point (or set eval.every_iters=0)",
+    )
+    _check(
+        run.eval.episodes == 0 or run.checkpoint.every_iters == 1,
+        f"eval.episodes={run.eval.episodes} evaluates the learner's last checkpoint, but "
+        f"checkpoint.every_iters={run.checkpoint.every_iters} would leave it behind the final "
+        "weights: set checkpoint.every_iters=1 or eval.episodes=0",
+    )
         _check(
             1 <= sch.sim_workers <= run.num_envs,
             f"scheduler.sim_workers={sch.sim_workers}: must be between 1 and num_envs",
