@@ -319,11 +319,11 @@ def train_stage_fn(
         obs = torch.randn(batch, o, generator=g)  # [B, O]
         actions = torch.randn(batch, k, a, generator=g)  # [B, K, A]
         with torch.no_grad():
-            lp = policy.dist(obs, actions).log_prob(actions).sum(dim=(1, 2))  # [B]
+            lp = policy.dist(obs, actions).log_prob(actions).sum(dim=2)  # [B, K]
         data = FlatBatch(
             obs=obs,
             actions=actions,
-            behav_logprob=lp,
+            behav_logprob=lp.sum(dim=1),
             prox_logprob=lp,
             advantages=torch.randn(batch, generator=g),
             returns=torch.randn(batch, generator=g),
