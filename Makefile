@@ -9,7 +9,7 @@ export VK_ICD_FILENAMES ?= $(abspath $(VULKAN))
 export PYTHONUNBUFFERED := 1
 SEEDS ?= 0,1,2
 
-.PHONY: help setup run train test test-gpu lint format bench-sim bench-learn bench-sched clean
+.PHONY: help setup run train test test-gpu lint format bench-sim bench-learn learn-report bench-sched clean
 
 help:
 	@echo "make run        set up, then the main job: EBRL vs Colocated/Hybrid/Async, 3 seeds (~10 min)"
@@ -75,8 +75,26 @@ format: setup
 bench-sim: setup
 	$(PY) benchmarks/sim_throughput.py
 
+# Learning (issue 2), EBRL k=1 against sync (3), the baselines (5), the convergence and staleness
+# studies (7): every configuration of benchmarks/learning.py, 3 seeds, one run at a time (~2.5 h),
+# then the MLflow runs exported and the two studies drawn from them. LEARN_OUT/LEARN_ARGS adjust.
+LEARN_OUT ?= results/learning/$(shell date +%Y-%m-%d)
+LEARN_ARGS ?=
 bench-learn: setup
-	$(PY) benchmarks/learning.py --seeds $(SEEDS)
+	$(PY) benchmarks/learning.py --seeds $(SEEDS) --out $(LEARN_OUT) $(LEARN_ARGS)
+	$(MAKE) learn-report LEARN_OUT=$(LEARN_OUT)
+
+# the studies from the benchmark's MLflow runs (reruns offline from $(LEARN_OUT)/export)
+learn-report: setup
+	$(PY) -m analysis.export --uri $(_URI) --experiment bench-learn-$(notdir $(LEARN_OUT)) \
+	  --out $(LEARN_OUT)/export
+	$(PY) -m analysis.report --runs $(LEARN_OUT)/export --kind convergence \
+	  --out $(LEARN_OUT)/convergence --key eval/success_rate --window 1 \
+	  --where param.chunk_size=4 --where param.algo._target_=ebrl.algos.ppo.PPO \
+	  --where "param.scheduler.staleness=1" --censored budget
+	$(PY) -m analysis.report --runs $(LEARN_OUT)/export --kind staleness \
+	  --out $(LEARN_OUT)/staleness --success eval_success_rate \
+	  --where scheduler=EBRLScheduler
 
 bench-sched: setup
 	$(PY) benchmarks/scheduler_throughput.py --seeds $(SEEDS)
@@ -127,8 +145,9 @@ _HEADLINE_COLS = $(if $(_SFX),simulator$(comma)param.policy.name$(comma)param.gp
   simulator$(comma)policy$(comma)param.policy.size)
 $(eval $(call paper_target,table-headline,headline,headline,--config-cols $$(_HEADLINE_COLS)))
 $(eval $(call paper_target,fig-scaling,scaling,scaling,--scale-col param.num_envs))
-$(eval $(call paper_target,fig-convergence,convergence,convergence,))
-$(eval $(call paper_target,fig-staleness,staleness,staleness,))
+$(eval $(call paper_target,fig-convergence,convergence,convergence,\
+  --key eval/success_rate --window 1 --censored budget))
+$(eval $(call paper_target,fig-staleness,staleness,staleness,--success eval_success_rate))
 $(eval $(call paper_target,table-ablation,ablation,ablation,))
 $(eval $(call paper_target,table-grpo,grpo,grpo,))
 

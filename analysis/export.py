@@ -50,6 +50,9 @@ SUMMARY_METRICS = (
     "summary/overhead_frac",
     "summary/success_rate",
 )
+#: summary metrics that only some configurations log (``eval.episodes > 0``): exported when any
+#: exported run has one, and then required of every run like the others
+OPTIONAL_SUMMARY_METRICS = ("summary/eval_success_rate",)
 #: curve keys; exact names are required of every run, patterns (fnmatch) take what exists
 CURVE_KEYS = (
     "throughput/env_steps_per_s",
@@ -238,7 +241,8 @@ def export_runs(
         uri: MLflow tracking URI (``sqlite:///path/mlflow.db``, ``http://host:port``).
         experiments: experiment names; empty means every experiment (useful with ``tag``).
         tag: ``KEY=VALUE``: only runs with this tag (a sweep's name, say).
-        summary_metrics: metrics each run must have; its last value becomes a column.
+        summary_metrics: metrics each run must have; its last value becomes a column. Those of
+            ``OPTIONAL_SUMMARY_METRICS`` are added when any exported run has them.
         curve_keys: metric histories to export; exact names are required, patterns optional.
         key_params: params always exported; params that differ between runs are added.
         statuses: run statuses to export; the others are left out and listed in the report.
@@ -269,6 +273,11 @@ def export_runs(
                 report.excluded.append(f"{_label(r)}: {r.info.status}")
     if not kept:
         raise ExportError("\n".join(["nothing to export:", *report.lines()[1:]]))
+    summary_metrics = list(summary_metrics) + [
+        k
+        for k in OPTIONAL_SUMMARY_METRICS
+        if k not in summary_metrics and any(k in r.data.metrics for _, r in kept)
+    ]
 
     rows, curve_frames = [], []
     for exp_name, r in kept:

@@ -1,11 +1,17 @@
-"""Learning-curve benchmark: PPO (single actions and K=4 chunks) and GRPO on ManiSkill PushCube-v1.
+"""Learning benchmark on ManiSkill PushCube-v1: PPO with single actions and K=4 chunks under the
+synchronous schedule, EBRL at staleness k = 0, 1, 2, 4, 8, the three baselines, and GRPO.
 
 Runs each configuration for each seed as a separate ``python -m ebrl.train`` process (one at a time:
-this is a 2-core machine), then prints, per configuration: success rate (mean over seeds and each
-seed), env steps and wall-clock seconds to first reach 80% training success, and throughput. Writes
-``results/learning/<date>/`` with one row per run (runs.csv), the table (table.md) and provenance.
+this is a 2-core machine), seed-major, logging to the MLflow experiment ``bench-learn-<out folder name>``. Every run
+evaluates its final weights on 100 deterministic episodes and, after training, the snapshots it
+kept every 10 updates (its learning curve against wall-clock, ``eval/success_rate``). Prints per
+configuration: evaluation success (mean ± sd and per seed), the training episodes' success, env
+steps and wall-clock to 80% evaluation success, throughput; then every K=4 schedule against the
+synchronous one, seed by seed. Writes ``results/learning/<date>/`` with one row per run (runs.csv),
+the table (table.md) and provenance. ``make bench-learn`` then exports the MLflow runs and draws
+the convergence and staleness studies with ``analysis.report``.
 
-Usage: python benchmarks/learning.py --seeds 0,1,2 [--configs k4,k4-ebrl,k1,grpo] [--scale 1.0]
+Usage: python benchmarks/learning.py --seeds 0,1,2 [--configs k4,k4-ebrl,k1,...] [--scale 1.0]
 """
 
 from __future__ import annotations
@@ -30,23 +36,31 @@ from benchmarks.common import LEVELS_OFF, provenance  # noqa: E402
 #: the synchronous schedule: EBRL's worker processes with every level off (lock-step rollout,
 #: then training); algorithmically the same as scheduler=sync, on two simulator processes
 SYNC = ["scheduler=ebrl", *LEVELS_OFF]
+#: every run: the final weights on 100 deterministic episodes, and a learning curve of snapshots
+#: every 10 updates on 16 episodes each (evaluated after the run: no CPU taken from training)
+EVAL = ["eval.episodes=100", "eval.every_iters=10", "eval.curve_episodes=16"]
+K4 = ["policy=mlp", "chunk_size=4"]
+
+
+def _ebrl(k: int) -> list[str]:
+    """EBRL, all three levels, staleness bound k; the learner on 1 thread (the other core is
+    the simulators' and the generator's while they overlap)."""
+    return [*K4, "scheduler=ebrl", f"scheduler.staleness={k}", "threads.train=1"]
+
+
 #: name -> (overrides, env-step budget). MLP policy (the transformer is for throughput studies:
-#: it learns too slowly on 2 cores). Budgets leave room past the reference's 80% point (shared
-#: notes: K=1 reached 80% at ~120k steps, K=4 at ~321k).
+#: it learns too slowly on 2 cores).
 CONFIGS: dict[str, tuple[list[str], int]] = {
     "k1": (["policy=mlp", "chunk_size=1", *SYNC], 150_000),
-    "k4": (["policy=mlp", "chunk_size=4", *SYNC], 300_000),
-    "k4-ebrl": (
-        [
-            "policy=mlp",
-            "chunk_size=4",
-            "scheduler=ebrl",
-            "scheduler.staleness=1",
-            "threads.train=1",
-        ],
-        300_000,
-    ),
-    "grpo": (["policy=mlp", "chunk_size=4", "algo=grpo", "rollout_steps=200", *SYNC], 150_000),
+    "k4": ([*K4, *SYNC], 200_000),
+    "k4-ebrl": (_ebrl(1), 200_000),
+    # the staleness study (k = 1 is k4-ebrl)
+    **{f"k4-ebrl-k{k}": (_ebrl(k), 200_000) for k in (0, 2, 4, 8)},
+    # the baselines (issue 5: each learns as the synchronous schedule does)
+    "colocated": ([*K4, "scheduler=colocated"], 200_000),
+    "hybrid": ([*K4, "scheduler=hybrid"], 200_000),
+    "async": ([*K4, "scheduler=async"], 200_000),
+    "grpo": ([*K4, "algo=grpo", "rollout_steps=200", *SYNC], 150_000),
 }
 
 
@@ -67,6 +81,7 @@ def run_one(
         "ebrl.train",
         *overrides,
         f"seed={seed}",
+        *EVAL,
         f"budget.env_steps={int(budget * scale)}",
         f"run_dir={run_dir}",
         f"tracking.experiment={experiment}",
@@ -77,9 +92,9 @@ def run_one(
     s = json.loads((run_dir / "summary.json").read_text())
     s.update(config=name, command=" ".join(cmd[1:]), elapsed_s=time.time() - t0)
     print(
-        f"  {name} seed {seed}: success {s['success_rate']:.2f}, "
-        f"80% at {s['steps_to_80']} steps / {s['time_to_80']} s, "
-        f"{s['throughput_e2e']:.0f} steps/s",
+        f"  {name} seed {seed}: eval success {s['eval_success_rate']:.2f} "
+        f"(training episodes {s['success_rate']:.2f}), eval 80% at {s['eval_steps_to_80']} "
+        f"steps / {s['eval_time_to_80']} s, {s['throughput_e2e']:.0f} steps/s",
         flush=True,
     )
     return s
@@ -97,12 +112,14 @@ def fmt(xs: list[float | None], spec: str) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seeds", default="0,1,2")
-    ap.add_argument("--configs", default="k4,k4-ebrl,k1,grpo")
+    ap.add_argument("--configs", default=",".join(CONFIGS))
     ap.add_argument("--grpo-seeds", type=int, default=3, help="GRPO on the first n seeds only")
     ap.add_argument("--reuse", action="store_true", help="keep runs that already finished")
     ap.add_argument("--scale", type=float, default=1.0, help="multiply every budget")
     ap.add_argument("--out", default=str(ROOT / "results" / "learning" / time.strftime("%Y-%m-%d")))
+    ap.add_argument("--experiment", help="MLflow experiment (default: bench-learn-<out name>)")
     args = ap.parse_args()
+    args.experiment = args.experiment or f"bench-learn-{Path(args.out).name}"
     seeds = [int(s) for s in args.seeds.split(",")]
     names = args.configs.split(",")
     out = Path(args.out)
@@ -112,42 +129,55 @@ def main() -> None:
         for name in names:
             if name == "grpo" and seed not in seeds[: args.grpo_seeds]:
                 continue
-            rows.append(run_one(name, seed, args.scale, out, "bench-learn", args.reuse))
+            rows.append(run_one(name, seed, args.scale, out, args.experiment, args.reuse))
     lines = [
-        "| config | seeds | success (mean ± sd) | per seed | env steps to 80% | seconds to 80% "
-        "| env steps/s |",
-        "|---|---|---|---|---|---|---|",
+        "| config | seeds | eval success (mean ± sd) | per seed | training success "
+        "| env steps to 80% (eval) | seconds to 80% (eval) | env steps/s |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for name in names:
         rs = [r for r in rows if r["config"] == name]
         lines.append(
             f"| {name} ({' '.join(CONFIGS[name][0])}) | {len(rs)} "
+            f"| {fmt([r['eval_success_rate'] for r in rs], '.3f')} "
+            f"| {' '.join(format(r['eval_success_rate'], '.2f') for r in rs)} "
             f"| {fmt([r['success_rate'] for r in rs], '.3f')} "
-            f"| {' '.join(format(r['success_rate'], '.2f') for r in rs)} "
-            f"| {fmt([r['steps_to_80'] for r in rs], '.0f')} "
-            f"| {fmt([r['time_to_80'] for r in rs], '.0f')} "
+            f"| {fmt([r['eval_steps_to_80'] for r in rs], '.0f')} "
+            f"| {fmt([r['eval_time_to_80'] for r in rs], '.0f')} "
             f"| {fmt([r['throughput_e2e'] for r in rs], '.0f')} |"
         )
     by = {n: sorted((r for r in rows if r["config"] == n), key=lambda r: r["seed"]) for n in names}
-    if "k4" in by and "k4-ebrl" in by:  # EBRL (k=1) against the synchronous schedule
-        both = [
-            (a, b)
-            for a, b in zip(by["k4"], by["k4-ebrl"], strict=False)
-            if a["time_to_80"] is not None and b["time_to_80"] is not None
-        ]
-        sync_s = np.array([r["success_rate"] for r in by["k4"]])
-        ebrl_s = np.array([r["success_rate"] for r in by["k4-ebrl"]])
+    if "k4" in by:  # every other K=4 schedule against the synchronous one, seed by seed
         lines += [
             "",
-            f"final success, EBRL (k=1) minus sync: {100 * (ebrl_s.mean() - sync_s.mean()):+.1f} "
-            f"points (sync {sync_s.mean():.3f}, EBRL {ebrl_s.mean():.3f})",
+            "Against the synchronous schedule (k4), same seeds: final evaluation success "
+            "difference, and wall-clock to 80% evaluation success as sync / config (> 1: sooner; "
+            "seeds where both reached it).",
+            "",
+            "| config | eval success minus sync (points) | wall-clock to 80%, sync / config |",
+            "|---|---|---|",
         ]
-        if both:
-            r = ratio_ci([a["time_to_80"] for a, _ in both], [b["time_to_80"] for _, b in both])
-            lines.append(
-                f"wall-clock to 80% success, sync / EBRL (seeds where both reached it: "
-                f"{len(both)}): {r.fmt('.2f')}"
-            )
+        for name in names:
+            if name in ("k4", "k1", "grpo"):
+                continue
+            pairs = [
+                (a, b)
+                for a, b in zip(by["k4"], by[name], strict=False)
+                if a["seed"] == b["seed"]
+            ]
+            if not pairs:
+                continue
+            diff = np.mean([b["eval_success_rate"] - a["eval_success_rate"] for a, b in pairs])
+            both = [
+                (a["eval_time_to_80"], b["eval_time_to_80"])
+                for a, b in pairs
+                if a["eval_time_to_80"] is not None and b["eval_time_to_80"] is not None
+            ]
+            ratio = "neither reached it"
+            if both:
+                r = ratio_ci([a for a, _ in both], [b for _, b in both])
+                ratio = f"{r.fmt('.2f')} (n={len(both)})"
+            lines.append(f"| {name} | {100 * diff:+.1f} (n={len(pairs)}) | {ratio} |")
     table = "\n".join(lines)
     print("\n" + table)
     keys = sorted({k for r in rows for k in r if not isinstance(r[k], dict)})
@@ -157,13 +187,17 @@ def main() -> None:
         w.writerows(rows)
     prov = provenance(
         seeds,
-        success_rate="training episodes' success, last 10% of updates (stochastic policy)",
+        eval_success="final weights, 100 episodes, deterministic (the chunk's mean), initial "
+        "states no training episode used (ebrl.evaluate)",
+        seconds_to_80="wall-clock of the first snapshot (every 10 updates, 16 deterministic "
+        "episodes) with >= 80% evaluation success",
+        training_success="training episodes' success, last 10% of updates (stochastic policy)",
     )
     (out / "table.md").write_text(
         f"# Learning on PushCube-v1\n\n{table}\n\n```json\n{json.dumps(prov, indent=2)}\n```\n"
     )
     (out / "provenance.json").write_text(json.dumps(prov, indent=2))
-    print(f"\nwritten to {out}")
+    print(f"\nwritten to {out}; MLflow experiment {args.experiment}")
 
 
 if __name__ == "__main__":

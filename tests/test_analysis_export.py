@@ -13,7 +13,9 @@ from analysis.export import ExportError, export_runs, main, write
 mlflow = pytest.importorskip("mlflow")
 
 
-def _log_run(client, exp_id, name, *, scheduler, seed, params, success=True, status="FINISHED"):
+def _log_run(
+    client, exp_id, name, *, scheduler, seed, params, success=True, status="FINISHED", evals=False
+):
     """One fake run shaped like train.py's: tags, params, per-update metrics, summary."""
     from mlflow.entities import Metric, Param
 
@@ -36,6 +38,8 @@ def _log_run(client, exp_id, name, *, scheduler, seed, params, success=True, sta
     final.update({"summary/throughput_overall": speed, "summary/overhead_frac": 0.1})
     if success:
         final["summary/success_rate"] = 1.0
+    if evals:
+        final["summary/eval_success_rate"] = 0.9
     metrics += [Metric(k, v, 9000, 3200) for k, v in final.items()]
     client.log_batch(run_id, metrics=metrics)
     client.set_terminated(run_id, status=status)
@@ -64,6 +68,8 @@ def store(tmp_path_factory):
         client, part, "nosucc", scheduler="EBRLScheduler", seed=0, params=elastic, success=False
     )
     client.create_experiment("empty", artifact_location=art)
+    ev = client.create_experiment("evals", artifact_location=art)
+    _log_run(client, ev, "ev-s0", scheduler="SyncScheduler", seed=0, params=base, evals=True)
     return uri
 
 
@@ -104,6 +110,15 @@ def _id(uri: str, exp: str, name: str) -> str:
     eid = client.get_experiment_by_name(exp).experiment_id
     (r,) = client.search_runs([eid], filter_string=f"attributes.run_name = '{name}'")
     return r.info.run_id
+
+
+def test_optional_summary_metric_is_exported_once_any_run_has_it(store):
+    assert "eval_success_rate" not in export_runs(store, ["exp"]).runs  # no run evaluated
+    ex = export_runs(store, ["evals"])
+    assert ex.runs["eval_success_rate"].tolist() == [0.9]
+    with pytest.raises(ExportError) as e:  # then every run must have it: no silent holes
+        export_runs(store, ["exp", "evals"])
+    assert "sync-s0" in str(e.value) and "summary/eval_success_rate" in str(e.value)
 
 
 def test_unfinished_runs_on_request(store):
@@ -150,7 +165,7 @@ def test_empty_and_unknown_experiments(store):
 
 def test_tag_filter_across_experiments(store):
     ex = export_runs(store, tag="sweep=t", allow_missing=True)
-    assert set(ex.runs["experiment"]) == {"exp", "partial"}
+    assert set(ex.runs["experiment"]) == {"exp", "partial", "evals"}
     assert len(export_runs(store, ["exp"], tag="scheduler=SyncScheduler").runs) == 2
 
 
