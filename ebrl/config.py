@@ -721,16 +721,6 @@ def validate(cfg: DictConfig, machine: MachineFacts | None = None) -> RunConfig:
     _check(run.budget.env_steps > 0, "budget.env_steps must be > 0")
     _check(run.threads.gen >= 1 and run.threads.train >= 1, "threads.gen/train must be >= 1")
     _check(run.warmup_iters >= 0, "warmup_iters must be >= 0")
-    if isinstance(run.algo, GRPONode):
-        _check(
-            run.algo.cfg.group_size >= 2 and run.num_envs % run.algo.cfg.group_size == 0,
-            f"algo.cfg.group_size={run.algo.cfg.group_size}: GRPO needs groups of >= 2 envs "
-            "that divide "
-            f"num_envs={run.num_envs}",
-        )
-    if isinstance(run.scheduler, EBRLSchedulerNode):
-        sch = run.scheduler
-        _check(0 <= sch.staleness <= 8, f"scheduler.staleness={sch.staleness}: must be 0..8")
     _check(
         run.eval.episodes >= 0 and run.eval.num_envs >= 1 and run.eval.every_iters >= 0,
         f"eval.episodes={run.eval.episodes}, eval.num_envs={run.eval.num_envs}, "
@@ -748,6 +738,16 @@ def validate(cfg: DictConfig, machine: MachineFacts | None = None) -> RunConfig:
         f"checkpoint.every_iters={run.checkpoint.every_iters} would leave it behind the final "
         "weights: set checkpoint.every_iters=1 or eval.episodes=0",
     )
+    if isinstance(run.algo, GRPONode):
+        _check(
+            run.algo.cfg.group_size >= 2 and run.num_envs % run.algo.cfg.group_size == 0,
+            f"algo.cfg.group_size={run.algo.cfg.group_size}: GRPO needs groups of >= 2 envs "
+            "that divide "
+            f"num_envs={run.num_envs}",
+        )
+    if isinstance(run.scheduler, EBRLSchedulerNode):
+        sch = run.scheduler
+        _check(0 <= sch.staleness <= 8, f"scheduler.staleness={sch.staleness}: must be 0..8")
         _check(
             1 <= sch.sim_workers <= run.num_envs,
             f"scheduler.sim_workers={sch.sim_workers}: must be between 1 and num_envs",
