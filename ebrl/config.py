@@ -62,11 +62,11 @@ class CountingSim:
 
     _target_: str = "ebrl.envs.fake.CountingEnv"
     episode_len: int | None = None
+    max_steps: int | None = None
     obs_dim: int = 4
     action_dim: int = 2
     delay_s: float = 0.0
     delay_jitter_s: float = 0.0
-    max_steps: int | None = None
     fail_after_steps: int | None = None
     fail_mode: str = "raise"
 
@@ -613,16 +613,6 @@ class CheckpointConfig:
 
 
 @dataclass
-class RunConfig:
-    simulator: Any = MISSING
-    policy: Any = MISSING
-    algo: Any = MISSING
-    scheduler: Any = MISSING
-    budget: BudgetConfig = field(default_factory=BudgetConfig)
-    threads: ThreadsConfig = field(default_factory=ThreadsConfig)
-    tracking: TrackingConfig = field(default_factory=TrackingConfig)
-    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
-@dataclass
 class EvalConfig:
     #: episodes of the final weights to run after training (0: no evaluation); see ebrl.evaluate
     episodes: int = 0
@@ -637,6 +627,17 @@ class EvalConfig:
     curve_episodes: int = 24
 
 
+@dataclass
+class RunConfig:
+    simulator: Any = MISSING
+    policy: Any = MISSING
+    algo: Any = MISSING
+    scheduler: Any = MISSING
+    budget: BudgetConfig = field(default_factory=BudgetConfig)
+    threads: ThreadsConfig = field(default_factory=ThreadsConfig)
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
     #: issue 6: accelerator type, stage resource split, where jobs run
     gpu: GPUNode = field(default_factory=GPUNode)
     resources: ResourcesNode = field(default_factory=ResourcesNode)
@@ -647,7 +648,6 @@ class EvalConfig:
     seed: int = 0
     #: environments in total
     num_envs: int = 16
-    eval: EvalConfig = field(default_factory=EvalConfig)
     #: env groups (one simulator worker each); the EBRL scheduler pipelines them
     env_groups: int = 2
     #: K: actions per policy decision (1 = single actions)
