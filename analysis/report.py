@@ -144,25 +144,10 @@ def build(
         t = tables.ablation(runs, value=args.value, config_cols=cfg, ci=args.ci, rng=rng)
         return t, [("", figs.ablation_bars(runs, value=args.value, config_cols=cfg))]
     if kind == "staleness":
-        t = tables.staleness(
-            runs,
-            k_col=args.k_col,
-            value=args.value,
-            success=args.success,
-            config_cols=cfg,
-            scheduler_col=sc,
-            ci=args.ci,
-            rng=rng,
-        )
-        f = figs.staleness_plot(
-            runs,
-            k_col=args.k_col,
-            value=args.value,
-            success=args.success,
-            config_cols=cfg,
-            scheduler_col=sc,
-        )
-        return t, [("", f)]
+        what = {"k_col": args.k_col, "value": args.value, "success": args.success}
+        what |= {"config_cols": cfg, "scheduler_col": sc}
+        t = tables.staleness(runs, ci=args.ci, rng=rng, **what)
+        return t, [("", figs.staleness_plot(runs, **what))]
     if kind == "convergence":
         if curves is None or curves.empty:
             raise SystemExit("convergence needs curves.csv with points")

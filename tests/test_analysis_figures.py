@@ -176,3 +176,16 @@ def test_ablation_with_allocator_orders_cumulative_then_leave_one_out():
     assert full[-1] == "–" and minus_overlap[-2] == "–"  # no 2-level subset of it ran
     assert minus_overlap[-1].startswith("1.20")  # minus_overlap (600) over full (500)
     assert tables._pooled_notes(pd.DataFrame(rows), ["scheduler_variant"])  # 8 runs per seed
+
+
+def test_report_staleness_reads_the_success_column_it_is_given(data, tmp_path):
+    runs, curves = data
+    src = tmp_path / "export"
+    src.mkdir()
+    runs.assign(eval_success_rate=0.5).to_csv(src / "runs.csv", index=False)
+    curves.to_csv(src / "curves.csv", index=False)
+    out = tmp_path / "out"
+    args = ["--runs", str(src), "--kind", "staleness", "--out", str(out), "--where", "algo=PPO"]
+    assert report([*args, "--success", "eval_success_rate"]) == 0
+    md = (out / "staleness.md").read_text()
+    assert "`eval_success_rate`" in md and "0.5" in md
