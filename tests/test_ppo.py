@@ -253,3 +253,26 @@ def test_explained_variance_nan_safe():
     seg = _bandit_segment(pol, t_len=2, n=2, k=1)
     m = PPO(pol, PPOConfig(update_epochs=1, num_minibatches=1)).update(seg)
     assert math.isfinite(m["train/explained_variance"])
+
+
+def test_learning_rate_decays_over_env_steps_and_survives_a_checkpoint():
+    from ebrl.algos.loss import anneal_lr
+
+    pol = MLPPolicy(PolicySpec(O, A, 2), hidden=8, layers=1)
+    cfg = PPOConfig(lr=1e-3, lr_decay_steps=1000)
+    opt = torch.optim.Adam(pol.parameters(), lr=cfg.lr)
+    assert anneal_lr(opt, cfg, 250) == pytest.approx(1e-3)  # before any training
+    assert anneal_lr(opt, cfg, 250) == pytest.approx(7.5e-4)
+    restored = torch.optim.Adam(pol.parameters(), lr=cfg.lr)
+    restored.load_state_dict(opt.state_dict())  # what a resumed run does
+    assert anneal_lr(restored, cfg, 500) == pytest.approx(5e-4)
+    assert anneal_lr(restored, cfg, 1) == pytest.approx(0.0)  # never negative past the budget
+    assert anneal_lr(opt, PPOConfig(lr=1e-3), 10) == pytest.approx(1e-3)  # no decay: constant
+
+
+def test_update_reports_the_learning_rate():
+    torch.manual_seed(0)
+    pol = MLPPolicy(PolicySpec(O, A, 2), hidden=32, layers=2)
+    ppo = PPO(pol, PPOConfig(update_epochs=1, num_minibatches=1, lr_decay_steps=10**9))
+    assert ppo.update(_bandit_segment(pol))["train/lr"] == pytest.approx(3e-4)
+    assert ppo.update(_bandit_segment(pol))["train/lr"] < 3e-4

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from ebrl.algos.loss import ClipConfig, FlatBatch, behaviour_stats, sgd_update
+from ebrl.algos.loss import ClipConfig, FlatBatch, anneal_lr, behaviour_stats, sgd_update
 from ebrl.algos.returns import group_relative_advantages
 from ebrl.policies.base import Policy
 from ebrl.types import Segment
@@ -184,6 +184,7 @@ class GRPO:
             n_steps=seg.n_steps.flatten()[mask],
         )
         w_mean, dropped = behaviour_stats(prox, behav, cfg.behave_weight_threshold)
+        lr = anneal_lr(self.optimizer, cfg, seg.num_steps)
         stats = sgd_update(
             policy,
             self.optimizer,
@@ -204,6 +205,7 @@ class GRPO:
             "train/behave_dropped_frac": dropped,
             "train/explained_variance": math.nan,  # no critic is trained
             "train/epochs_run": stats["epochs_run"],
+            "train/lr": lr,
             "train/ref_kl": stats["extra_loss"],
             "train/grpo_valid_frac": float(ea.mask.float().mean()),
             "train/grpo_groups": float(ea.num_groups),

@@ -55,6 +55,9 @@ class ClipConfig:
 
     lr: float = 3e-4
     """Adam learning rate."""
+    lr_decay_steps: int | None = None
+    """Decay the learning rate linearly from ``lr`` to 0 over this many env steps trained on
+    (CleanRL's anneal_lr; set it to the run's budget); None keeps it constant."""
     adam_eps: float = 1e-5
     """Adam epsilon (CleanRL / ManiSkill value)."""
     clip_coef: float = 0.2
@@ -94,6 +97,24 @@ class ClipConfig:
             raise ValueError(
                 f"ratio_level={self.ratio_level!r}: expected one of {', '.join(RATIO_LEVELS)}"
             )
+
+
+def anneal_lr(optimizer: torch.optim.Optimizer, cfg: ClipConfig, steps: int) -> float:
+    """Set the optimiser's learning rate for an update after ``steps`` env steps of training and
+    count the steps where the optimiser's state (checkpointed with it) keeps them.
+
+    Returns:
+        The learning rate set.
+    """
+    group = optimizer.param_groups[0]
+    done = int(group.get("ebrl_env_steps", 0))  # saved and restored by torch's state_dict
+    lr = cfg.lr
+    if cfg.lr_decay_steps:
+        lr = cfg.lr * max(0.0, 1.0 - done / cfg.lr_decay_steps)
+    for g in optimizer.param_groups:
+        g["lr"] = lr
+        g["ebrl_env_steps"] = done + steps
+    return lr
 
 
 @dataclass(slots=True)

@@ -16,6 +16,7 @@ import torch
 from ebrl.algos.loss import (
     ClipConfig,
     FlatBatch,
+    anneal_lr,
     behaviour_stats,
     explained_variance,
     sgd_update,
@@ -89,6 +90,7 @@ class PPO:
             n_steps=seg.n_steps.flatten(),
         )
         w_mean, dropped = behaviour_stats(prox, behav, cfg.behave_weight_threshold)
+        lr = anneal_lr(self.optimizer, cfg, seg.num_steps)
         stats = sgd_update(
             policy,
             self.optimizer,
@@ -108,6 +110,7 @@ class PPO:
             "train/behave_dropped_frac": dropped,
             "train/explained_variance": explained_variance(value.flatten(), returns.flatten()),
             "train/epochs_run": stats["epochs_run"],
+            "train/lr": lr,
             "pipeline/staleness_mean": float(staleness.mean()),
             "pipeline/staleness_max": float(staleness.max()),
         }
