@@ -9,7 +9,7 @@ export VK_ICD_FILENAMES ?= $(abspath $(VULKAN))
 export PYTHONUNBUFFERED := 1
 SEEDS ?= 0,1,2
 
-.PHONY: help setup run train test test-gpu lint format bench-sim bench-learn learn-report bench-sched clean
+.PHONY: help setup run train test test-gpu lint format bench-sim bench-learn learn-report bench-sched bench-alloc clean
 
 help:
 	@echo "make run        set up, then the main job: EBRL vs Colocated/Hybrid/Async, 3 seeds (~10 min)"
@@ -19,6 +19,7 @@ help:
 	@echo "make bench-sim  simulator throughput per process"
 	@echo "make bench-sched  every scheduler side by side with CIs, ablation, bound (~20 min)"
 	@echo "make bench-learn  PPO/GRPO learning curves on PushCube-v1 (SEEDS=$(SEEDS))"
+	@echo "make bench-alloc  elastic allocator: profile, chosen vs every split, vs even, slowdown (~40 min)"
 	@echo "make lint       ruff check + format check"
 	@echo "make table-headline|fig-scaling|fig-convergence|fig-staleness|table-ablation|table-grpo [SIZE=cpu|full]"
 	@echo "               run a paper table/figure (CPU size here; SIZE=full: Slurm); see REPRODUCE.md"
@@ -98,6 +99,9 @@ learn-report: setup
 
 bench-sched: setup
 	$(PY) benchmarks/scheduler_throughput.py --seeds $(SEEDS)
+
+bench-alloc: setup
+	$(PY) benchmarks/allocator.py --seeds $(SEEDS)
 
 clean:
 	rm -rf outputs .pytest_cache .ruff_cache .hypothesis

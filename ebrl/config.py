@@ -54,6 +54,10 @@ class SyntheticSim:
     episode_steps_start: int = 50
     episode_steps_end: int = 50
     shrink_episodes: int = 0
+    #: injected slowdown: each env's step cost is multiplied by slowdown_factor once it has
+    #: taken this many steps (None: never)
+    slowdown_after_steps: int | None = None
+    slowdown_factor: float = 1.0
 
 
 @dataclass
@@ -194,9 +198,12 @@ class ResourcesNode:
     sim_cores: int | None = None
     gen_cores: int | None = None
     train_cores: int | None = None
-    #: torch intra-op threads of the generator and the learner
+    #: torch intra-op threads of the generator and the learner (unpinned elastic: their sum is
+    #: the thread budget Algorithm 1 splits)
     gen_threads: int = 1
     train_threads: int = 2
+    #: generator batch size, M of "first M of N" (None: scheduler.batch_min; elastic: chosen)
+    gen_batch: int | None = None
     #: GPU SM share, percent, of generation and training (an MPS cap; None: no quota)
     gen_sm_pct: int | None = None
     train_sm_pct: int | None = None
@@ -204,8 +211,11 @@ class ResourcesNode:
     allocator: AllocatorKind = AllocatorKind.static
     #: elastic: re-balance when stage throughputs diverge by more than this fraction ...
     rebalance_threshold: float = 0.15
-    #: ... for this many consecutive steps
+    #: ... for this many consecutive steps (updates)
     rebalance_patience: int = 20
+    #: elastic: a stored profile (ebrl.resources.profiler.Profile JSON, threads) to allocate
+    #: from (None: profile the run's policy at start and save it in the run folder)
+    profile: str | None = None
 
 
 class LauncherKind(StrEnum):

@@ -437,7 +437,9 @@ def _refuse_unwired_resources(run: RunConfig) -> None:
     expected = {f.name: getattr(ResourcesNode(), f.name) for f in dataclasses.fields(ResourcesNode)}
     # conf/resources/default.yaml mirrors threads.* into these two
     expected.update(gen_threads=run.threads.gen, train_threads=run.threads.train)
-    changed = [f"resources.{k}={getattr(res, k)}" for k, v in expected.items() if getattr(res, k) != v]
+    changed = [
+        f"resources.{k}={getattr(res, k)}" for k, v in expected.items() if getattr(res, k) != v
+    ]
     if not changed:
         return
     target = str(getattr(run.scheduler, "_target_", ""))

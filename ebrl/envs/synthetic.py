@@ -84,7 +84,9 @@ class SyntheticCostEnv:
 
     Cost: each ``step`` spends a duration with mean ``step_cost_ms * cost_scale`` and
     P99/mean ``tail_ratio``, drawn from a cost RNG re-seeded at every ``reset(seed)`` so a run is
-    reproducible; ``reset`` itself costs nothing.
+    reproducible; ``reset`` itself costs nothing. An injected slowdown: once the env has taken
+    ``slowdown_after_steps`` steps (counted over all its episodes), every further step costs
+    ``slowdown_factor`` times as much.
 
     Episode length of the env's n-th episode (n counts resets, from 0): linear from
     ``episode_steps_start`` to ``episode_steps_end`` over ``shrink_episodes`` episodes, then flat.
@@ -104,6 +106,8 @@ class SyntheticCostEnv:
         gain: velocity added per unit action.
         reward: ``"neg_distance"`` or ``"unit"`` (see above).
         reward_k: slope of the distance shaping.
+        slowdown_after_steps: steps after which the slowdown starts (None: never).
+        slowdown_factor: multiplier on the mean step cost from then on.
     """
 
     def __init__(
@@ -123,6 +127,8 @@ class SyntheticCostEnv:
         gain: float = 0.2,
         reward: str = "neg_distance",
         reward_k: float = 2.0,
+        slowdown_after_steps: int | None = None,
+        slowdown_factor: float = 1.0,
     ) -> None:
         if action_dim < dim:
             raise ValueError(f"action_dim ({action_dim}) must be >= dim ({dim})")
@@ -135,6 +141,11 @@ class SyntheticCostEnv:
         if min(episode_steps_start, end) < 1:
             raise ValueError("episode lengths must be >= 1")
         lognormal_sigma(tail_ratio)  # validate early, not at the first step
+        if slowdown_factor < 0 or (slowdown_after_steps is not None and slowdown_after_steps < 0):
+            raise ValueError(
+                f"slowdown_factor={slowdown_factor} and slowdown_after_steps="
+                f"{slowdown_after_steps} must be >= 0"
+            )
         self.dim = dim
         self.step_cost_s = step_cost_ms / 1000.0
         self.tail_ratio = tail_ratio
@@ -148,6 +159,10 @@ class SyntheticCostEnv:
         self.gain = gain
         self.reward = reward
         self.reward_k = reward_k
+        self.slowdown_after_steps = slowdown_after_steps
+        self.slowdown_factor = float(slowdown_factor)
+        #: steps taken since construction, over all episodes
+        self.steps = 0
         self.spec = EnvSpec(
             obs_dim=3 * dim,
             action_dim=action_dim,
@@ -169,6 +184,11 @@ class SyntheticCostEnv:
         if x < 0:
             raise ValueError(f"cost scale must be >= 0, got {x}")
         self.cost_scale = float(x)
+
+    @property
+    def slowed(self) -> bool:
+        """Whether the injected slowdown is in force."""
+        return self.slowdown_after_steps is not None and self.steps >= self.slowdown_after_steps
 
     def episode_length(self, n: int) -> int:
         """Length of the env's n-th episode (n from 0)."""
@@ -201,6 +221,9 @@ class SyntheticCostEnv:
     def step(self, action: np.ndarray) -> StepResult:  # action: [A]
         """Move the point mass one step and spend this step's simulated cost."""
         mean = self.step_cost_s * self.cost_scale
+        if self.slowed:
+            mean *= self.slowdown_factor
+        self.steps += 1
         cost = float(sample_step_costs(self._cost_rng, mean, self.tail_ratio)[0])
         spend(cost, self.cost_mode)
         self.cost_seconds += cost

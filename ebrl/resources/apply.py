@@ -87,6 +87,25 @@ def rebind(moves: Mapping[int, Iterable[int]]) -> dict[int, set[int]]:
     return before
 
 
+def pin_process(cores: Iterable[int]) -> dict[int, set[int]]:
+    """Pin every thread of this process to ``cores`` (``pin(0, ...)`` moves only the calling
+    thread; torch's worker threads and a runtime's helpers would stay where they were).
+
+    Threads started later inherit their creator's affinity, so they follow.
+
+    Returns:
+        thread id -> its previous affinity, for the threads that were moved.
+    """
+    want = sorted(set(cores))
+    if not want:
+        raise ValueError("pin_process: no cores given")
+    try:
+        tids = sorted(int(t) for t in os.listdir("/proc/self/task"))
+    except OSError:  # no procfs: the calling thread is all we can reach
+        tids = [threading.get_native_id()]
+    return rebind(dict.fromkeys(tids, want))
+
+
 @contextlib.contextmanager
 def affinity_guard(pid: int = 0) -> Iterator[set[int]]:
     """Restore ``pid``'s affinity when the block exits, however it exits.

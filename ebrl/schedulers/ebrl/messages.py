@@ -82,5 +82,30 @@ class Failed:
 
 
 @dataclass(slots=True)
+class Resources:
+    """driver -> gen / learner: run with these threads, cores and (gen) batch size from now on.
+
+    ``seq`` 0 is the run's starting split; reallocations count up from 1."""
+
+    seq: int
+    threads: int
+    cores: tuple[int, ...] | None = None
+    batch_min: int | None = None
+
+
+@dataclass(slots=True)
+class Applied:
+    """gen / learner -> driver: ``Resources`` number ``seq`` is in force; what the worker now
+    runs with (read back from torch and the kernel) and how long applying took."""
+
+    worker: str
+    seq: int
+    threads: int
+    cores: tuple[int, ...]
+    batch_min: int | None
+    seconds: float
+
+
+@dataclass(slots=True)
 class Stop:
     """driver -> every worker: leave the loop."""

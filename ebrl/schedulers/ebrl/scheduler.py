@@ -18,12 +18,17 @@ With all three off this is a synchronous schedule on the same worker processes, 
 throughput benchmark compares EBRL against.
 
 The driver only wires workers, relays reports and merges telemetry: per-step data flows worker to
-worker (``ebrl.schedulers.ebrl.workers``).
+worker (``ebrl.schedulers.ebrl.workers``). It also runs the resource manager (``manage.py``): the
+``resources`` group sets the generator's and the learner's threads, cores and the generator's batch
+size, and with ``resources.allocator=elastic`` Algorithm 1 re-splits them while the run goes on.
+Whatever the workers change (in-process: threads of this process), the driver's affinity and torch
+threads are restored when the run ends.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import math
 import os
@@ -33,11 +38,14 @@ from typing import Any
 
 import numpy as np
 
+from ebrl.resources.apply import affinity_guard, threads_guard
 from ebrl.runtime.backend import InProcessBackend, RayBackend
 from ebrl.runtime.channel import Inbox, Outbox, new_authkey, node_ip
 from ebrl.runtime.slots import ShmSlots, SlotSpec
 from ebrl.schedulers.base import IterationReport, RunContext, StageError
-from ebrl.schedulers.ebrl.messages import Failed, Report, Stop, Telemetry
+from ebrl.schedulers.ebrl import manage
+from ebrl.schedulers.ebrl.manage import ResourceDriver
+from ebrl.schedulers.ebrl.messages import Applied, Failed, Report, Stop, Telemetry
 from ebrl.schedulers.ebrl.rebind import home_cores
 from ebrl.schedulers.ebrl.workers import EnvWorker, GenWorker, LearnerWorker, Plan
 
@@ -101,7 +109,9 @@ class EBRLScheduler:
     def k(self) -> int:
         return self.staleness if self.overlap else 0
 
-    def plan(self, ctx: RunContext, slots: SlotSpec) -> Plan:
+    def plan(
+        self, ctx: RunContext, slots: SlotSpec, resources: ResourceDriver | None = None
+    ) -> Plan:
         n = int(ctx.factory.cfg["num_envs"])
         if self.sim_workers > n:
             raise ValueError(f"scheduler.sim_workers={self.sim_workers} > num_envs={n}")
@@ -109,7 +119,7 @@ class EBRLScheduler:
         g = ctx.env_groups if self.pipeline else 1
         groups = env_groups(workers, min(g, min(len(w) for w in workers)))
         m = self.batch_min or max(1, math.ceil(n / len(groups) / 2))
-        return Plan(
+        plan = Plan(
             workers=workers,
             groups=groups,
             decisions_per_env=ctx.decisions_per_env,
@@ -122,9 +132,25 @@ class EBRLScheduler:
             if (self.pin_sim or self.rebind)
             else None,
             rebind=self.rebind,
+            driver_pid=os.getpid(),
+        )
+        if resources is None:
+            return plan
+        gen, train = resources.start_messages()
+        home = resources.resources.sim_home
+        return dataclasses.replace(
+            plan,
+            home=home if home is not None else plan.home,
+            gen_resources=gen,
+            train_resources=train,
         )
 
     def run(self, ctx: RunContext) -> Iterator[IterationReport]:
+        # in-process workers are threads of this process: what they set must not outlive the run
+        with affinity_guard(), threads_guard():
+            yield from self._run(ctx)
+
+    def _run(self, ctx: RunContext) -> Iterator[IterationReport]:
         backend = (
             InProcessBackend() if self.backend == "inprocess" else RayBackend(self.ray_address)
         )
@@ -134,6 +160,7 @@ class EBRLScheduler:
         handles: list = []
         peers: dict[str, Any] = {"driver": inbox.address}
         res = self.resources or {}
+        manager: ResourceDriver | None = None
         try:
             factory = ctx.factory
             workers = factory.env_partition(self.sim_workers)
@@ -147,19 +174,37 @@ class EBRLScheduler:
                 peers[f"sim{w}"], spec = h.open()
             n, k = int(factory.cfg["num_envs"]), int(factory.cfg["chunk_size"])
             slots = ShmSlots.create(n, spec.obs_dim, k, spec.action_dim)
-            plan = self.plan(ctx, slots.spec)
             factory = factory.with_spec(spec)
+            plan = self.plan(ctx, slots.spec)
+            manager = manage.setup(
+                factory,
+                len(workers),
+                max(len(g) for g in plan.groups),
+                ctx.decisions_per_env,
+            )
+            plan = self.plan(ctx, slots.spec, manager)
             for role, cls in (("gen", GenWorker), ("learner", LearnerWorker)):
                 h = backend.spawn(role, cls, factory, authkey, host, resources=res.get(role))
                 handles.append(h)
                 peers[role] = h.open()
             for h in handles:
                 h.start(peers, plan)
-            yield from self._relay(inbox, handles, ctx, plan)
+            if manager is not None:
+                manager.connect(peers, authkey)
+            yield from self._relay(inbox, handles, ctx, plan, manager)
         finally:
+            if manager is not None:
+                manager.close()
             self._shutdown(inbox, handles, backend, slots, peers, authkey)
 
-    def _relay(self, inbox: Inbox, handles: list, ctx: RunContext, plan: Plan):
+    def _relay(
+        self,
+        inbox: Inbox,
+        handles: list,
+        ctx: RunContext,
+        plan: Plan,
+        manager: ResourceDriver | None = None,
+    ):
         """Yield the learner's reports; merge telemetry; turn any failure into a StageError."""
         gauges: dict[str, float] = {}
         while True:
@@ -167,11 +212,21 @@ class EBRLScheduler:
                 if isinstance(m, Report):
                     metrics = {**m.metrics, **gauges}
                     metrics["pipeline/staleness_bound"] = float(plan.staleness)
+                    if manager is not None:
+                        metrics.update(manager.report(m.iteration, m.metrics))
                     yield IterationReport(m.iteration, m.env_steps, metrics)
                 elif isinstance(m, Telemetry):
                     for span in m.spans:
                         ctx.timeline.add(span)
-                    gauges.update(m.gauges)
+                    g = dict(m.gauges)
+                    if manager is not None:
+                        manager.gauges(g)
+                    for k in manage.COUNTERS:  # the allocator's inputs, not run metrics
+                        g.pop(k, None)
+                    gauges.update(g)
+                elif isinstance(m, Applied):
+                    if manager is not None:
+                        manager.applied(m)
                 elif isinstance(m, Failed):
                     raise StageError(
                         m.worker, f"{m.error}\n--- worker traceback ---\n{m.traceback}"

@@ -24,17 +24,19 @@ import numpy as np
 import torch
 
 from ebrl.envs.base import EnvSpec
-from ebrl.resources.apply import pin, rebind
+from ebrl.resources.apply import pin, pin_process, rebind
 from ebrl.rollout import EpisodeStats, SegmentBuilder
 from ebrl.runtime.channel import Address, Inbox, Outbox, node_ip
 from ebrl.runtime.slots import SlotSpec, open_slots
 from ebrl.schedulers.ebrl.messages import (
+    Applied,
     Failed,
     Go,
     Hello,
     Part,
     Ready,
     Report,
+    Resources,
     Stop,
     Telemetry,
     Weights,
@@ -60,6 +62,11 @@ class Plan:
         slots: the shared slot arrays' layout and name.
         home: env worker -> home cores it is pinned to (None: no pinning, no rebinding).
         rebind: level 3's core rebinding (needs ``home``).
+        gen_resources: the generator's starting threads, cores and batch size (None: its
+            stage's own threads, unpinned, ``batch_min``).
+        train_resources: the learner's starting threads and cores (None: its stage's own).
+        driver_pid: the driver's process: a worker running inside it (the in-process backend)
+            pins only its own thread, never the driver's other threads.
     """
 
     workers: list[list[int]]
@@ -72,6 +79,9 @@ class Plan:
     slots: SlotSpec
     home: dict[int, frozenset[int]] | None = None
     rebind: bool = False
+    gen_resources: Resources | None = None
+    train_resources: Resources | None = None
+    driver_pid: int = 0
 
     def owner(self) -> dict[int, int]:
         return {e: w for w, ids in enumerate(self.workers) for e in ids}
@@ -142,6 +152,40 @@ class _Worker:
     def _connect(self, peers: dict[str, Address]) -> None: ...
 
     def _loop(self) -> None: ...
+
+    def _set_batch(self, batch_min: int) -> None:
+        """Only the generator has a batch size."""
+
+    def _batch(self) -> int | None:
+        return None
+
+    def apply_resources(self, msg: Resources) -> Applied:
+        """Run with ``msg``'s torch threads, cores and batch size from now on; tell the driver.
+
+        Threads go to the stage (which sets them before every call: in-process, gen and learner
+        share torch's setting) and to torch at once. Cores pin the whole worker process, or only
+        this thread when the worker is a thread of the driver.
+        """
+        t0 = time.perf_counter()
+        self.stage.threads = msg.threads
+        torch.set_num_threads(msg.threads)
+        if msg.cores is not None:
+            if os.getpid() == self.plan.driver_pid:
+                pin(0, msg.cores)
+            else:
+                pin_process(msg.cores)
+        if msg.batch_min is not None:
+            self._set_batch(msg.batch_min)
+        done = Applied(
+            self.name,
+            msg.seq,
+            int(self.stage.threads),
+            tuple(sorted(os.sched_getaffinity(0))),
+            self._batch(),
+            time.perf_counter() - t0,
+        )
+        self.driver.send(done)
+        return done
 
 
 # --- simulation -------------------------------------------------------------------------------
@@ -242,6 +286,28 @@ class GenWorker(_Worker):
         self.pending = dict.fromkeys(range(n), 0)  # env worker -> envs it is stepping
         self.bound: dict[int, frozenset[int]] = dict(self.plan.home or {})
         self.rebinds = 0
+        self.batch_min = self.plan.batch_min
+        # rollout accounting for the allocator: decisions issued, and env-seconds in which a
+        # ready env waited only because acting on it would break the staleness bound
+        self.decided = 0
+        self.blocked_env_s = 0.0
+        self._n_blocked = 0
+        self._t_acc = time.perf_counter()
+        if self.plan.gen_resources is not None:
+            self.apply_resources(self.plan.gen_resources)
+
+    def _set_batch(self, batch_min: int) -> None:
+        self.batch_min = max(1, int(batch_min))
+
+    def _batch(self) -> int | None:
+        return self.batch_min
+
+    def _account(self, ready: OrderedDict[int, float], decisions: np.ndarray) -> None:
+        """Charge the time since the last call to the envs blocked then; recount them."""
+        now = time.perf_counter()
+        self.blocked_env_s += self._n_blocked * (now - self._t_acc)
+        self._t_acc = now
+        self._n_blocked = sum(1 for e in ready if not self._eligible(e, decisions))
 
     def _rebind(self) -> None:
         """Level 3: idle env workers' cores go to stragglers (see rebind.py)."""
@@ -277,7 +343,7 @@ class GenWorker(_Worker):
                     return list(g)
             return []
         waited = time.perf_counter() - ready[eligible[0]]
-        if len(eligible) >= plan.batch_min or waited >= plan.batch_timeout_s:
+        if len(eligible) >= self.batch_min or waited >= plan.batch_timeout_s:
             return eligible
         return []
 
@@ -289,6 +355,7 @@ class GenWorker(_Worker):
         decisions = np.zeros(plan.slots.num_envs, dtype=np.int64)
         batches = sizes = depth = 0.0
         while True:
+            self._account(ready, decisions)
             batch = self._pick(ready, decisions)
             if not batch:
                 eligible = [e for e in ready if self._eligible(e, decisions)]
@@ -306,6 +373,8 @@ class GenWorker(_Worker):
                             self.stage.load(m.version, m.state)
                     elif isinstance(m, Hello):
                         self.pids[m.worker] = m.pid
+                    elif isinstance(m, Resources):
+                        self.apply_resources(m)
                     elif isinstance(m, Ready):
                         now = time.perf_counter()
                         for i, e in enumerate(m.env_ids.tolist()):
@@ -330,6 +399,7 @@ class GenWorker(_Worker):
             for e in batch:
                 del ready[e]
             decisions[ids] += 1
+            self.decided += len(ids)
             batches += 1
             sizes += len(ids)
             by_worker: dict[int, list[int]] = {}
@@ -346,6 +416,9 @@ class GenWorker(_Worker):
                     "pipeline/ready_depth_mean": depth / batches,
                     "pipeline/gen_version": float(self.stage.version),
                     "resource/rebinds": float(self.rebinds),
+                    "resource/gen_decisions": float(self.decided),
+                    "resource/gen_blocked_env_s": self.blocked_env_s,
+                    "resource/gen_clock": time.perf_counter(),
                 }
             )
 
@@ -366,6 +439,8 @@ class LearnerWorker(_Worker):
 
     def _connect(self, peers: dict[str, Address]) -> None:
         self.gen = Outbox(peers["gen"], self.authkey)
+        if self.plan.train_resources is not None:
+            self.apply_resources(self.plan.train_resources)
 
     def _loop(self) -> None:
         plan, tl = self.plan, self.timeline
@@ -378,6 +453,8 @@ class LearnerWorker(_Worker):
                     return
                 if isinstance(m, Part):
                     parts.setdefault(m.index, {})[m.worker] = m
+                elif isinstance(m, Resources):
+                    self.apply_resources(m)
             while len(parts.get(index, {})) == n_workers:
                 got = parts.pop(index)
                 seg = Segment.cat_envs([got[w].segment for w in range(n_workers)])
@@ -387,8 +464,14 @@ class LearnerWorker(_Worker):
                         f"segment {index} holds data {stale} versions old; "
                         f"the bound is {plan.staleness}"
                     )
+                t0 = time.perf_counter()
                 with tl.span("train", self.name, steps=seg.num_steps):
                     metrics = self.stage.train(seg)
+                # the learner's throughput for the allocator: decisions trained per second
+                t_len, n_envs = seg.shape
+                metrics["resource/train_per_s_update"] = (
+                    t_len * n_envs / max(time.perf_counter() - t0, 1e-9)
+                )
                 with tl.span("sync", self.name):
                     self.gen.send(Weights(*self.stage.weights()))
                 metrics.update(EpisodeStats.merge([got[w].episodes for w in range(n_workers)]))

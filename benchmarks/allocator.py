@@ -1,0 +1,415 @@
+"""The elastic allocator (Algorithm 1) on the embedded default, in one invocation.
+
+On ManiSkill PushCube-v1 with the VLA-shaped transformer (``policy=transformer_l``, the workload of
+``benchmarks/scheduler_throughput.py``), EBRL on Ray:
+
+(a) the offline profiler: gen and train throughput of the run's policy at every thread share and
+    generator batch size; how long profiling took;
+(b) the allocator's chosen split (threads of gen and train, generator batch) from that profile,
+    against an exhaustive grid of EBRL runs over every split and batch, each run's end-to-end
+    throughput measured; the ratio chosen / best (the issue's goal: >= 0.95);
+(c) EBRL with the elastic allocator (its choice, and run-time rebalancing) against EBRL with a
+    naive even split (half the pool each, the scheduler's default batch), paired over seeds;
+(d) a slowdown injected mid-run: the synthetic simulator's step cost (``step_cost_ms`` ~ one
+    PushCube step) multiplied after a set number of steps; when the reallocation fired against the
+    configured window, and per-update throughput before and after, for the elastic allocator and
+    the static even split.
+
+The pool gen and train split is torch threads (``resources.gen_threads + train_threads``), the
+CPU analogue of the SM split. ``--pool`` sets it; the default is two threads per core (4 on 2
+cores): while env workers, gen and train all run, the kernel shares the cores per runnable thread,
+so a stage's threads are its share of the CPU, and with 4 there are three splits (1/3, 2/2, 3/1)
+and an even one. ``--pool 2`` on 2 cores leaves one split (1/1) and only the batch to choose.
+
+Every configuration is its own ``python -m ebrl.train`` process, seed-major (slow drifts of a
+shared machine hit all configurations alike). Results go to ``results/allocator/<date>/`` (not with
+``--quick``, a small smoke version: in-process workers, the synthetic simulator, the MLP policy,
+one seed, 3 updates per run, the grid over splits at the chosen batch only).
+
+Usage: python benchmarks/allocator.py [--seeds 0,1,2] [--iterations 8] [--pool N] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import itertools
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from analysis.stats import bootstrap_ci, ratio_ci  # noqa: E402
+from benchmarks.common import provenance  # noqa: E402
+from benchmarks.scheduler_throughput import WORKLOAD  # noqa: E402
+
+#: (d): the synthetic simulator at about one PushCube step's cost, same policy and shape
+SLOW_WORKLOAD = ["simulator=synthetic", *[w for w in WORKLOAD if not w.startswith("simulator=")]]
+#: --quick: in-process workers (no Ray start-up), a sleeping synthetic simulator, the MLP policy
+QUICK_WORKLOAD = [
+    "simulator=synthetic",
+    "simulator.cost_mode=sleep",
+    "policy=mlp",
+    "chunk_size=4",
+    "num_envs=8",
+    "env_groups=2",
+    "algo.cfg.update_epochs=2",
+    "algo.cfg.num_minibatches=2",
+]
+EBRL = ["scheduler=ebrl"]
+
+
+def compose(overrides: list[str]) -> Any:
+    """The run config these overrides give (Hydra, outside any app)."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    from ebrl.config import register
+    from ebrl.train import CONF_DIR
+
+    register()
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        return hydra_compose(config_name="config", overrides=overrides)
+
+
+def profile_workload(workload: list[str], pool: int, repeats: int, path: Path) -> dict[str, Any]:
+    """(a) and (b)'s choice: profile the workload's policy here; Algorithm 1 on the profile."""
+    from ebrl.config import validate
+    from ebrl.resources.allocator import Pool, allocate
+    from ebrl.resources.manager import (
+        gen_batch_candidates,
+        profile_for_run,
+        restrict_train_batch,
+        train_minibatch,
+    )
+    from ebrl.stages.factory import StageFactory
+
+    cfg = compose([*workload, *EBRL])
+    run = validate(cfg)
+    factory = StageFactory.from_config(cfg)
+    env = factory.make_env(0)
+    spec = env.spec
+    env.close()
+    factory = factory.with_spec(spec)
+    group = math.ceil(run.num_envs / run.env_groups)
+    minibatch = train_minibatch(factory.cfg, run.decisions_per_env)
+    t0 = time.perf_counter()
+    prof = profile_for_run(
+        factory, range(1, pool), gen_batch_candidates(group), minibatch, repeats=repeats
+    )
+    took = time.perf_counter() - t0
+    prof.save(path)
+    usable = restrict_train_batch(prof, minibatch)
+    alloc = allocate(usable, Pool(pool), max_gen_batch=group)
+    return {
+        "profile": prof,
+        "seconds": took,
+        "allocation": alloc,
+        "group": group,
+        "minibatch": minibatch,
+        "gen_batches": [b for b in prof.batch_sizes("gen") if b <= group],
+    }
+
+
+def split(g: int, pool: int, batch: int | None = None) -> list[str]:
+    out = [f"resources.gen_threads={g}", f"resources.train_threads={pool - g}"]
+    return out + ([f"resources.gen_batch={batch}"] if batch is not None else [])
+
+
+def train_run(
+    name: str, workload: list[str], overrides: list[str], seed: int, args: Any, out: Path
+) -> dict[str, Any]:
+    """One ``python -m ebrl.train``; its summary, per-update metrics and reallocations."""
+    run_dir = out / "runs" / f"{name}-s{seed}"
+    shutil.rmtree(run_dir, ignore_errors=True)
+    cmd = [
+        sys.executable,
+        "-m",
+        "ebrl.train",
+        *workload,
+        *EBRL,
+        *args.extra,
+        *overrides,
+        f"seed={seed}",
+        f"budget.iterations={iterations_for(overrides, args)}",
+        f"warmup_iters={args.warmup}",
+        "budget.env_steps=100000000",
+        f"run_dir={run_dir}",
+        "progress=false",
+    ]
+    cmd += ["tracking.enabled=false"] if args.quick else [f"tracking.experiment={args.experiment}"]
+    subprocess.run(cmd, check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
+    s = json.loads((run_dir / "summary.json").read_text())
+    rows = list(csv.DictReader((run_dir / "metrics.csv").open()))
+    re_path = run_dir / "reallocations.jsonl"
+    reallocs = [json.loads(x) for x in re_path.read_text().splitlines()] if re_path.exists() else []
+    s.update(config=name, seed=seed, command=" ".join(cmd[1:]), reallocations=reallocs)
+    s["per_update"] = per_update(rows)
+    print(f"  {name:14s} seed {seed}: {s['throughput_e2e']:7.1f} steps/s", flush=True)
+    return s
+
+
+def iterations_for(overrides: list[str], args: Any) -> int:
+    """(d)'s runs are longer: they need room before and after the slowdown."""
+    if any(o.startswith("simulator.slowdown_after_steps=") for o in overrides):
+        return args.slow_at + args.patience + args.after
+    return args.iterations
+
+
+def per_update(rows: list[dict[str, str]]) -> list[float]:
+    """Env steps per second of each update (from the previous report to this one)."""
+    out = [math.nan]
+    for a, b in itertools.pairwise(rows):
+        dt = float(b["time/wall_s"]) - float(a["time/wall_s"])
+        ds = float(b["env/steps_total"]) - float(a["env/steps_total"])
+        out.append(ds / dt if dt > 0 else math.nan)
+    return out
+
+
+def mean_over(x: list[float], lo: int, hi: int) -> float:
+    vals = [v for v in x[lo:hi] if not math.isnan(v)]
+    return float(np.mean(vals)) if vals else math.nan
+
+
+def by_config(rows: list[dict], name: str) -> np.ndarray:
+    return np.array(
+        [r["throughput_e2e"] for r in sorted(rows, key=lambda r: r["seed"]) if r["config"] == name]
+    )
+
+
+def slowdown_table(drows: list[dict], args: Any) -> list[str]:
+    """(d): when the trigger fired against the window, and per-update throughput around it.
+
+    Windows (updates): before = [warmup, slowdown - 1), clear of the slowdown (with overlap the
+    rollout runs a segment ahead of training); slowed = [slowdown, first firing]; after = the
+    rest. A static run takes the windows of the elastic run of its seed.
+    """
+    lines = [
+        "",
+        f"## (d) slowdown x{args.slow_factor} of the simulator from update {args.slow_at} "
+        f"(patience {args.patience}, threshold {args.threshold:.0%})",
+        "",
+        "The elastic runs profile their policy at start (no stored profile for this workload).",
+        "",
+        "| run | seed | trigger fired (update: new gen/train threads, batch, apply cost s) | "
+        "first firing from the slowdown on | steps/s before | slowed, to the firing | "
+        "after the firing | after / before |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for x in drows:
+        tp = x["per_update"]
+        twin = next(
+            (y for y in drows if y["seed"] == x["seed"] and y["config"] == "slow-elastic"), x
+        )
+        late = [m for m in twin["reallocations"] if m["step"] >= args.slow_at]
+        cut = max(args.slow_at + 1, late[0]["step"] + 1 if late else len(tp))
+        fired = ", ".join(
+            f"{m['step']}: {m['gen']['threads']}/{m['train']['threads']} b{m['gen']['batch']}, "
+            + ("-" if m["apply_cost_s"] is None else f"{m['apply_cost_s']:.3f}")
+            if m["changed"]
+            else f"{m['step']}: kept"
+            for m in x["reallocations"]
+        )
+        mine = [m for m in x["reallocations"] if m["step"] >= args.slow_at]
+        first = "-"
+        if mine:
+            n = mine[0]["step"] - args.slow_at + 1
+            where = "within" if n <= args.patience + 1 else "outside"
+            first = f"update {mine[0]['step']} ({n} updates in: {where} the window)"
+        before = mean_over(tp, args.warmup, args.slow_at - 1)
+        after = mean_over(tp, cut, len(tp))
+        lines.append(
+            f"| {x['config']} | {x['seed']} | {fired or 'never'} | {first} | {before:.1f} | "
+            f"{mean_over(tp, args.slow_at, cut):.1f} | {after:.1f} | {after / before:.3f} |"
+        )
+    lines += [
+        "",
+        "Windows: before = updates [warmup, slowdown - 1) (with overlap the rollout runs a "
+        "segment ahead of training), slowed = from the slowdown to the elastic run's first firing "
+        "after it, after = the rest; the static run of a seed uses its elastic twin's windows. "
+        "Within the window: the first firing came at most patience + 1 updates into the slowdown "
+        "(the update whose interval straddles it counts).",
+    ]
+    return lines
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--seeds", default="0,1,2")
+    ap.add_argument("--iterations", type=int, default=8, help="updates per run of (b) and (c)")
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument(
+        "--pool", type=int, default=None, help="threads gen and train split (default: 2 per core)"
+    )
+    ap.add_argument("--patience", type=int, default=3, help="resources.rebalance_patience")
+    ap.add_argument("--threshold", type=float, default=0.15, help="resources.rebalance_threshold")
+    ap.add_argument("--slow-at", type=int, default=6, help="(d): update the slowdown starts in")
+    ap.add_argument("--slow-factor", type=float, default=3.0, help="(d): step cost multiplier")
+    ap.add_argument("--after", type=int, default=6, help="(d): updates after the window")
+    ap.add_argument("--repeats", type=int, default=3, help="profiler repeats per point")
+    ap.add_argument("--experiment", default="bench-alloc", help="MLflow experiment")
+    ap.add_argument("--quick", action="store_true", help="smoke version, nothing written")
+    ap.add_argument(
+        "--out", default=str(ROOT / "results" / "allocator" / time.strftime("%Y-%m-%d"))
+    )
+    args = ap.parse_args()
+    vk = ROOT / ".cache" / "vulkan" / "lvp_icd.json"
+    if vk.exists():  # SAPIEN's CPU Vulkan driver, as the Makefile sets it
+        os.environ.setdefault("VK_ICD_FILENAMES", str(vk))
+    if args.quick:
+        args.seeds, args.iterations, args.warmup, args.repeats = "0", 3, 1, 1
+        args.patience, args.slow_at, args.after = 2, 3, 2
+    seeds = [int(s) for s in args.seeds.split(",")]
+    pool = args.pool or 2 * len(os.sched_getaffinity(0))
+    if pool < 2:
+        raise SystemExit(f"--pool {pool}: gen and train need at least one thread each")
+    workload = QUICK_WORKLOAD if args.quick else WORKLOAD
+    slow_workload = QUICK_WORKLOAD if args.quick else SLOW_WORKLOAD
+    args.extra = ["scheduler.backend=inprocess"] if args.quick else []
+    out = Path(tempfile.mkdtemp(prefix="bench-alloc-")) if args.quick else Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    t_all = time.time()
+
+    # (a) + the allocator's choice ------------------------------------------------------------
+    print(f"(a) profiling gen and train on threads 1..{pool - 1} ...", flush=True)
+    prof_path = out / "profile.json"
+    p = profile_workload(workload, pool, args.repeats, prof_path)
+    alloc = p["allocation"]
+    lines = [
+        f"## (a) offline profile ({prof_path.name})",
+        "",
+        f"profiling took {p['seconds']:.1f} s "
+        f"(gen {p['profile'].duration_s.get('gen', 0):.1f} s, "
+        f"train {p['profile'].duration_s.get('train', 0):.1f} s)",
+        "",
+        "| stage | threads | batch | items/s |",
+        "|---|---|---|---|",
+    ]
+    for pt in sorted(p["profile"].points, key=lambda q: (q.stage, q.batch_size, q.share)):
+        lines.append(f"| {pt.stage} | {pt.share} | {pt.batch_size} | {pt.throughput:.1f} |")
+    lines += ["", f"allocator's choice (pool {pool} threads): {alloc.describe()}"]
+    print("\n".join(lines), flush=True)
+
+    # (b) grid, (c) elastic vs even: one loop, seed-major ------------------------------------
+    even = pool // 2
+    elastic = [
+        *split(even, pool),
+        "resources.allocator=elastic",
+        f"resources.profile={prof_path}",
+        f"resources.rebalance_patience={args.patience}",
+        f"resources.rebalance_threshold={args.threshold}",
+    ]
+    # --quick: every split at the chosen batch only (a smoke test of the machinery)
+    batches = [alloc.gen_batch] if args.quick else p["gen_batches"]
+    grid = {f"g{g}t{pool - g}b{b}": split(g, pool, b) for g in range(1, pool) for b in batches}
+    chosen = f"g{alloc.gen_units}t{alloc.train_units}b{alloc.gen_batch}"
+    configs = {**grid, "even": split(even, pool), "elastic": elastic}
+    rows: list[dict] = []
+    total = len(seeds) * len(configs)
+    print(f"\n(b)+(c): {total} runs", flush=True)
+    t0 = time.time()
+    for s in seeds:
+        for name, ov in configs.items():
+            rows.append(train_run(name, workload, ov, s, args, out))
+            left = (time.time() - t0) / len(rows) * (total - len(rows))
+            print(f"  [{len(rows)}/{total} runs, ~{left / 60:.0f} min left]", flush=True)
+
+    b_start = len(lines)
+    lines += [
+        "",
+        "## (b) chosen split against every split (end-to-end env steps/s)",
+        "",
+        "| gen threads | train threads | gen batch | steps/s, mean [95% CI] | |",
+        "|---|---|---|---|---|",
+    ]
+    means = {n: by_config(rows, n).mean() for n in grid}
+    best = max(means, key=means.get)
+    for n in grid:
+        g, rest = n[1:].split("t")
+        t, b = rest.split("b")
+        mark = " ".join(m for m, ok in (("chosen", n == chosen), ("best", n == best)) if ok)
+        lines.append(
+            f"| {g} | {t} | {b} | {bootstrap_ci(by_config(rows, n)).fmt('.1f')} | {mark} |"
+        )
+    r = ratio_ci(by_config(rows, chosen), by_config(rows, best))
+    lines += [
+        "",
+        f"chosen {chosen} / best {best}: {r.fmt('.3f')} (goal >= 0.95; paired over seeds)",
+        "",
+        "## (c) EBRL with the elastic allocator against a naive even split",
+        "",
+        "| configuration | steps/s, mean [95% CI] | reallocations (mean) |",
+        "|---|---|---|",
+    ]
+    for n, label in (("even", f"even split {even}/{pool - even}"), ("elastic", "elastic")):
+        runs = [x for x in rows if x["config"] == n]
+        moves = np.mean([sum(m["changed"] for m in x["reallocations"]) for x in runs])
+        lines.append(f"| {label} | {bootstrap_ci(by_config(rows, n)).fmt('.1f')} | {moves:.1f} |")
+    rc = ratio_ci(by_config(rows, "elastic"), by_config(rows, "even"))
+    lines += ["", f"elastic / even: {rc.fmt('.3f')} (paired over seeds)"]
+    print("\n".join(lines[b_start:]), flush=True)
+
+    # (d) slowdown mid-run --------------------------------------------------------------------
+    cfg = compose([*slow_workload, *EBRL])
+    steps_per_update = (int(cfg.rollout_steps) // int(cfg.chunk_size)) * int(cfg.chunk_size)
+    slow = [
+        f"simulator.slowdown_after_steps={args.slow_at * steps_per_update}",
+        f"simulator.slowdown_factor={args.slow_factor}",
+    ]
+    slow_elastic = [e for e in elastic if not e.startswith("resources.profile=")]
+    print(
+        f"\n(d) slowdown x{args.slow_factor} from update {args.slow_at} "
+        f"(patience {args.patience}) ...",
+        flush=True,
+    )
+    drows = []
+    d_start = len(lines) + 1
+    for s in seeds:
+        for name, ov in (("slow-even", split(even, pool)), ("slow-elastic", slow_elastic)):
+            drows.append(train_run(name, slow_workload, [*ov, *slow], s, args, out))
+    lines += slowdown_table(drows, args)
+    table = "\n".join(lines)
+    print("\n" + "\n".join(lines[d_start:]))
+    print(f"\ntotal {(time.time() - t_all) / 60:.1f} min")
+    if args.quick:
+        shutil.rmtree(out, ignore_errors=True)
+        return
+    prov = provenance(
+        seeds,
+        workload=workload,
+        slow_workload=slow_workload,
+        pool=pool,
+        configs={**configs, "slow-even": split(even, pool), "slow-elastic": slow_elastic},
+        slowdown=slow,
+        iterations=args.iterations,
+        warmup=args.warmup,
+        patience=args.patience,
+        threshold=args.threshold,
+    )
+    keep = ("config", "seed", "throughput_e2e", "throughput_overall", "env_steps", "wall_s")
+    with (out / "runs.csv").open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=(*keep, "reallocations"), extrasaction="ignore")
+        w.writeheader()
+        for x in rows + drows:
+            w.writerow({**x, "reallocations": sum(m["changed"] for m in x["reallocations"])})
+    (out / "table.md").write_text(
+        f"# Elastic allocator\n\n{table}\n\n```json\n{json.dumps(prov, indent=2)}\n```\n"
+    )
+    print(f"\nwritten to {out}")
+
+
+if __name__ == "__main__":
+    main()

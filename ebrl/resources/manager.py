@@ -1,0 +1,508 @@
+"""The resource manager of a run: from the ``resources`` config to what each stage runs with.
+
+:func:`initial_resources` turns the run's ``resources`` group into :class:`RunResources`: the
+generator's and the learner's torch threads, CPU cores (only with ``resources.pin``) and the
+generator's batch size, plus the env workers' home cores. With ``allocator=static`` the split is
+the config's (``gen_threads`` / ``train_threads``, or with pinning ``gen_cores`` / ``train_cores``
+or a plan over the machine); with ``allocator=elastic`` Algorithm 1 (:func:`allocate`) chooses it
+from a profile, and :class:`Rebalancer` re-chooses it at run time.
+
+On a machine without GPUs the pool gen and train split is CPU threads: without pinning, the thread
+budget ``gen_threads + train_threads``; with pinning, the cores left after the env workers (each
+stage then runs one torch thread per core). That is the CPU analogue of the SM split.
+
+The gen stage's measured throughput is the rollout's: decisions the generator issued per second
+of rollout time not held back by the staleness bound (:class:`RolloutMeter`), so a slower
+simulator shows up as a slower gen stage, as generation includes the env interaction in the
+paper. The train stage's is decisions trained per second of training.
+
+Nothing here touches the machine; the scheduler's workers apply what it decides
+(:mod:`ebrl.resources.apply`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import math
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ebrl.resources.allocator import (
+    Allocation,
+    AllocationError,
+    DivergenceMonitor,
+    ElasticAllocator,
+    Pool,
+    Reallocation,
+    allocate,
+)
+from ebrl.resources.plan import PlanPolicy, StageRequest, cpu_plan, cpu_split, make_plan
+from ebrl.resources.profiler import Profile
+from ebrl.resources.topology import Topology
+
+log = logging.getLogger(__name__)
+
+STATIC, ELASTIC = "static", "elastic"
+
+
+@dataclass(frozen=True)
+class StageResources:
+    """What one gen or train process runs with.
+
+    Attributes:
+        threads: torch intra-op threads.
+        cores: CPU ids to pin the process to (None: not pinned).
+        batch: the generator's batch size, M of "first M of N" (None: the scheduler's; unused
+            for train).
+    """
+
+    threads: int
+    cores: tuple[int, ...] | None = None
+    batch: int | None = None
+
+    def describe(self) -> str:
+        where = "unpinned" if self.cores is None else f"cores {list(self.cores)}"
+        batch = "" if self.batch is None else f", batch {self.batch}"
+        return f"{self.threads} threads, {where}{batch}"
+
+
+@dataclass(frozen=True)
+class RunResources:
+    """The split a run starts with.
+
+    Attributes:
+        gen: the generator's resources.
+        train: the learner's resources.
+        sim_home: env worker -> the cores it is pinned to (None: as ``scheduler.pin_sim`` says).
+        pool: what gen and train split (threads / cores).
+        pool_cores: with pinning, the cores gen and train share out (None: unpinned).
+        allocation: Algorithm 1's choice (elastic only).
+        warnings: compromises the plan made (shared cores on a small machine).
+    """
+
+    gen: StageResources
+    train: StageResources
+    sim_home: dict[int, frozenset[int]] | None = None
+    pool: Pool | None = None
+    pool_cores: tuple[int, ...] | None = None
+    allocation: Allocation | None = None
+    warnings: tuple[str, ...] = ()
+
+    def describe(self) -> str:
+        lines = [f"gen: {self.gen.describe()}", f"train: {self.train.describe()}"]
+        if self.sim_home is not None:
+            lines.append(f"sim: { {w: sorted(c) for w, c in self.sim_home.items()} }")
+        if self.allocation is not None:
+            lines.append(f"allocation: {self.allocation.describe()}")
+        return "; ".join(lines + [f"warning: {w}" for w in self.warnings])
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        if self.sim_home is not None:
+            d["sim_home"] = {str(w): sorted(c) for w, c in self.sim_home.items()}
+        return d
+
+
+# --- config -----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ResourceSettings:
+    """The ``resources`` group as the manager reads it (see ``ebrl.config.ResourcesNode``)."""
+
+    pin: bool = False
+    sim_cores: int | None = None
+    gen_cores: int | None = None
+    train_cores: int | None = None
+    gen_threads: int = 1
+    train_threads: int = 2
+    gen_batch: int | None = None
+    allocator: str = STATIC
+    rebalance_threshold: float = 0.15
+    rebalance_patience: int = 20
+    profile: str | None = None
+
+    @classmethod
+    def from_config(cls, node: Mapping[str, Any]) -> ResourceSettings:
+        """From the resolved ``resources`` node (unknown keys, such as GPU quotas, ignored)."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        kw = {k: v for k, v in node.items() if k in names}
+        if "allocator" in kw:
+            kw["allocator"] = str(getattr(kw["allocator"], "value", kw["allocator"]))
+        return cls(**kw)
+
+
+def gen_batch_candidates(group_size: int) -> tuple[int, ...]:
+    """Generator batch sizes worth profiling: a quarter, half and all of an env group."""
+    g = max(1, group_size)
+    return tuple(sorted({max(1, g // 4), max(1, g // 2), g}))
+
+
+def _pinned_layout(
+    topo: Topology, s: ResourceSettings, sim_workers: int, gen_share: float
+) -> tuple[dict[int, frozenset[int]], tuple[int, ...], tuple[int, ...], tuple[int, ...], tuple]:
+    """Cores of the env workers and of gen and train, and the pool gen and train split.
+
+    With no core counts given, :func:`cpu_plan` lays the machine out (env workers first, one
+    core each, when at least two cores remain; else they may use every core). With counts,
+    :func:`make_plan` places them (sharing cores, with a warning, when they do not fit).
+    """
+    if s.sim_cores is None and s.gen_cores is None and s.train_cores is None:
+        plan = cpu_plan(topo, gen_share, sim_workers)
+    else:
+        per_sim = max(1, (s.sim_cores or sim_workers) // sim_workers)
+        reqs = [
+            StageRequest("sim", processes=sim_workers, cores_per_process=per_sim, threads=1),
+            StageRequest("gen", cores_per_process=s.gen_cores or s.gen_threads),
+            StageRequest("train", cores_per_process=s.train_cores or s.train_threads),
+        ]
+        plan = make_plan(topo, reqs, PlanPolicy(allow_core_sharing=True))
+    home = {p.rank: frozenset(p.cores) for p in plan.stage("sim")}
+    gen, train = plan.stage("gen")[0].cores, plan.stage("train")[0].cores
+    pool = tuple(sorted(set(gen) | set(train)))
+    return home, pool, gen, train, plan.warnings
+
+
+def pool_size(settings: ResourceSettings, topology: Topology, sim_workers: int) -> int:
+    """Units gen and train split: the thread budget unpinned, else the cores left to them."""
+    if not settings.pin:
+        return settings.gen_threads + settings.train_threads
+    return len(_pinned_layout(topology, settings, sim_workers, 0.5)[1])
+
+
+def initial_resources(
+    settings: ResourceSettings,
+    topology: Topology,
+    sim_workers: int,
+    profile: Profile | None = None,
+    max_gen_batch: int | None = None,
+) -> RunResources:
+    """The split a run starts with (see the module docstring).
+
+    Args:
+        settings: the ``resources`` group.
+        topology: this machine (only its cores matter here).
+        sim_workers: env worker processes.
+        profile: gen and train throughput curves in threads; required for ``elastic``.
+        max_gen_batch: largest usable generator batch (an env group's size).
+
+    Raises:
+        AllocationError: elastic without a profile, or a pool that cannot be split.
+    """
+    s = settings
+    elastic = s.allocator == ELASTIC
+    if elastic and profile is None:
+        raise AllocationError("resources.allocator=elastic needs a profile")
+    static_share = s.gen_threads / (s.gen_threads + s.train_threads)
+    if not s.pin:
+        if not elastic:
+            return RunResources(
+                StageResources(s.gen_threads, None, s.gen_batch), StageResources(s.train_threads)
+            )
+        pool = Pool(s.gen_threads + s.train_threads)
+        alloc = allocate(profile, pool, max_gen_batch=max_gen_batch)  # type: ignore[arg-type]
+        return RunResources(
+            StageResources(alloc.gen_units, None, alloc.gen_batch),
+            StageResources(alloc.train_units),
+            pool=pool,
+            allocation=alloc,
+        )
+    home, pool_cores, gen, train, warnings = _pinned_layout(topology, s, sim_workers, static_share)
+    if not elastic:
+        return RunResources(
+            StageResources(s.gen_threads, gen, s.gen_batch),
+            StageResources(s.train_threads, train),
+            sim_home=home,
+            pool_cores=pool_cores,
+            warnings=warnings,
+        )
+    if len(pool_cores) < 2:
+        raise AllocationError(
+            f"resources.pin=true with allocator=elastic: gen and train share "
+            f"{len(pool_cores)} core {list(pool_cores)}, nothing to split; give them more cores "
+            "(resources.gen_cores/train_cores) or set resources.pin=false"
+        )
+    pool = Pool(len(pool_cores))
+    alloc = allocate(profile, pool, max_gen_batch=max_gen_batch)  # type: ignore[arg-type]
+    gen_res, train_res = split_resources(alloc, pool_cores, topology)
+    return RunResources(gen_res, train_res, home, pool, pool_cores, alloc, warnings)
+
+
+def split_resources(
+    alloc: Allocation, pool_cores: Sequence[int] | None, topology: Topology | None = None
+) -> tuple[StageResources, StageResources]:
+    """Gen's and train's resources for an allocation: its units as threads, and with pinning
+    as that many cores of the pool (:func:`cpu_split`, node by node)."""
+    if pool_cores is None:
+        return (
+            StageResources(alloc.gen_units, None, alloc.gen_batch),
+            StageResources(alloc.train_units),
+        )
+    if topology is None:
+        raise AllocationError("split_resources: pinning needs the topology")
+    gen, train = cpu_split(topology, alloc.gen_units / alloc.pool.units, pool_cores)
+    return (
+        StageResources(len(gen), gen, alloc.gen_batch),
+        StageResources(len(train), train),
+    )
+
+
+def restrict_train_batch(profile: Profile, minibatch: int) -> Profile:
+    """Keep only the train points at the profiled batch size nearest the run's minibatch.
+
+    The learner's minibatch is an algorithm setting (it changes the updates, not just their
+    speed), so the allocator takes it as given rather than choosing it.
+    """
+    have = profile.batch_sizes("train")
+    if not have:
+        raise AllocationError("the profile has no 'train' points")
+    best = min(have, key=lambda b: (abs(b - minibatch), b))
+    pts = [p for p in profile.points if p.stage != "train" or p.batch_size == best]
+    return dataclasses.replace(profile, points=pts)
+
+
+def train_minibatch(cfg: Mapping[str, Any], decisions_per_env: int) -> int:
+    """The learner's minibatch in decisions: a segment's ``num_envs x T`` over the minibatches."""
+    algo = cfg["algo"].get("cfg", {}) or {}
+    per_segment = int(cfg["num_envs"]) * decisions_per_env
+    return max(1, per_segment // max(1, int(algo.get("num_minibatches", 1))))
+
+
+def profile_for_run(
+    factory: Any,
+    threads: Sequence[int],
+    gen_batches: Sequence[int],
+    minibatch: int,
+    repeats: int = 2,
+    min_step_s: float = 0.05,
+) -> Profile:
+    """Profile this run's policy: gen at each thread count and batch, train at its minibatch.
+
+    Args:
+        factory: a :class:`~ebrl.stages.factory.StageFactory` that knows the env spec; gen and
+            train each get a fresh copy of the run's initial policy.
+        threads: thread counts to measure (the pool's possible shares).
+        gen_batches: generator batch sizes to measure.
+        minibatch: the learner's minibatch (decisions).
+        repeats: timed repeats per point.
+        min_step_s: each repeat lasts at least this long.
+    """
+    from ebrl.algos.ppo import PPOConfig
+    from ebrl.resources.profiler import gen_stage_fn, profile, train_stage_fn
+
+    algo = dict(factory.cfg["algo"].get("cfg", {}) or {})
+    names = {f.name for f in dataclasses.fields(PPOConfig)}
+    ppo = PPOConfig(**{k: v for k, v in algo.items() if k in names})
+    policy = factory.policy()
+    shape = {
+        "policy": type(policy).__name__,
+        "obs_dim": policy.spec.obs_dim,
+        "action_dim": policy.spec.action_dim,
+        "chunk_size": policy.spec.chunk_size,
+        "parameters": sum(p.numel() for p in policy.parameters()),
+    }
+    gen = profile(
+        gen_stage_fn(policy),
+        threads,
+        gen_batches,
+        repeats,
+        stage="gen",
+        workload=shape,
+        min_step_s=min_step_s,
+    )
+    train = profile(
+        train_stage_fn(factory.policy(), ppo),
+        threads,
+        [minibatch],
+        repeats,
+        stage="train",
+        workload=shape | {"update_epochs": ppo.update_epochs},
+        min_step_s=min_step_s,
+    )
+    return gen.merge(train)
+
+
+# --- run time ---------------------------------------------------------------------------------
+class RolloutMeter:
+    """The rollout's decisions per second of time it was not held back by the staleness bound.
+
+    The generator reports cumulative counters: its clock, decisions issued, and env-seconds
+    during which ready envs waited only because acting on them would exceed the staleness bound.
+    Over an interval of ``dt`` seconds with ``n`` envs, the rollout was free for
+    ``dt - blocked / n`` seconds.
+    """
+
+    def __init__(self, num_envs: int) -> None:
+        self.num_envs = max(1, num_envs)
+        self.last: tuple[float, float, float] | None = None
+
+    def update(self, clock: float, decisions: float, blocked_env_s: float) -> float | None:
+        """Feed the counters; the capacity since the previous call (None: no new data)."""
+        prev, self.last = self.last, (clock, decisions, blocked_env_s)
+        if prev is None:
+            return None
+        dt = clock - prev[0]
+        free = dt - (blocked_env_s - prev[2]) / self.num_envs
+        if dt <= 0 or free <= 1e-3 * dt:
+            return None
+        return (decisions - prev[1]) / free
+
+
+@dataclass
+class _Pending:
+    realloc: Reallocation
+    gen: StageResources
+    train: StageResources
+    decided: float
+    waiting: set[str] = field(default_factory=lambda: {"gen", "learner"})
+
+
+class Rebalancer:
+    """Algorithm 1 at run time, driver side: observe, decide, record.
+
+    Feed :meth:`observe` once per update with the rollout's and the learner's measured
+    throughputs; when they diverge past the threshold for ``patience`` consecutive updates and a
+    new search changes the split, it returns the new gen and train resources for the caller to
+    send to the workers. :meth:`applied` takes each worker's acknowledgement; once both stages
+    have applied a reallocation its cost (decision to last acknowledgement) is recorded, logged,
+    and appended to ``reallocations.jsonl`` in ``out_dir``. A firing whose search keeps the split
+    is appended too (``changed: false``), so the file shows every time the trigger fired.
+
+    Args:
+        profile: the offline profile (threads), train restricted to the run's minibatch.
+        current: the run's starting resources (its ``allocation`` and ``pool`` are required).
+        settings: threshold and patience.
+        topology: for re-pinning (needed when ``current.pool_cores`` is set).
+        out_dir: where ``reallocations.jsonl`` goes (None: log only).
+        max_gen_batch: largest usable generator batch.
+        clock: wall clock (injectable for tests).
+    """
+
+    def __init__(
+        self,
+        profile: Profile,
+        current: RunResources,
+        settings: ResourceSettings,
+        topology: Topology | None = None,
+        out_dir: Path | None = None,
+        max_gen_batch: int | None = None,
+        clock: Any = time.perf_counter,
+    ) -> None:
+        if current.allocation is None or current.pool is None:
+            raise AllocationError("Rebalancer: the run's resources carry no allocation")
+        self.allocator = ElasticAllocator(
+            profile,
+            current.pool,
+            DivergenceMonitor(settings.rebalance_threshold, settings.rebalance_patience),
+            max_gen_batch=max_gen_batch,
+        )
+        self.allocator.current = current.allocation
+        self.pool_cores = current.pool_cores
+        self.topology = topology
+        self.gen, self.train = current.gen, current.train
+        self.path = out_dir / "reallocations.jsonl" if out_dir is not None else None
+        self.clock = clock
+        self.seq = 0
+        self.pending: dict[int, _Pending] = {}
+        self.applied_count = 0
+        self.unchanged = 0
+        self.last_cost = math.nan
+        self.last_gen = math.nan
+        self.last_train = math.nan
+
+    def observe(
+        self, gen: float, train: float, step: int
+    ) -> tuple[int, StageResources, StageResources] | None:
+        """One update's measured throughputs; ``(seq, gen, train)`` to apply, or None."""
+        self.last_gen, self.last_train = gen, train
+        r = self.allocator.observe(gen, train, step=step)
+        if r is None:
+            return None
+        if not r.changed:  # the trigger fired, the search kept the split: recorded, nothing to do
+            self.unchanged += 1
+            self._record(r, _Pending(r, self.gen, self.train, self.clock()), applied=False)
+            return None
+        gen_res, train_res = split_resources(r.new, self.pool_cores, self.topology)
+        self.seq += 1
+        self.pending[self.seq] = _Pending(r, gen_res, train_res, self.clock())
+        self.gen, self.train = gen_res, train_res
+        return self.seq, gen_res, train_res
+
+    def applied(self, worker: str, seq: int, seconds: float = 0.0) -> Reallocation | None:
+        """A worker's acknowledgement; the completed record once both stages applied ``seq``."""
+        p = self.pending.get(seq)
+        if p is None:
+            return None
+        p.waiting.discard(worker)
+        if p.waiting:
+            return None
+        del self.pending[seq]
+        cost = self.clock() - p.decided
+        done = self.allocator.applied(p.realloc, cost)
+        self.applied_count += 1
+        self.last_cost = cost
+        self._record(done, p, applied=True)
+        log.info(
+            "reallocation %d at update %s applied in %.3f s: %s | gen %s | train %s",
+            seq,
+            done.step,
+            cost,
+            done.cause,
+            p.gen.describe(),
+            p.train.describe(),
+        )
+        return done
+
+    def close(self) -> None:
+        """Record reallocations decided but not acknowledged by both stages before the end."""
+        for p in self.pending.values():
+            self._record(p.realloc, p, applied=False)
+        self.pending.clear()
+
+    def metrics(self) -> dict[str, float]:
+        """Gauges for the run's metrics (and MLflow)."""
+        return {
+            "resource/reallocations": float(self.applied_count),
+            "resource/rebalances_unchanged": float(self.unchanged),
+            "resource/realloc_cost_s": self.last_cost,
+            "resource/rollout_per_s": self.last_gen,
+            "resource/train_per_s": self.last_train,
+            "resource/divergence": self.allocator.monitor.last,
+            "resource/divergent_streak": float(self.allocator.monitor.streak),
+        }
+
+    def _record(self, r: Reallocation, p: _Pending, applied: bool) -> None:
+        if self.path is None:
+            return
+        row = {
+            "step": r.step,
+            "changed": r.changed,
+            "applied": applied,
+            "cause": r.cause,
+            "measured_gen": r.measured_gen,
+            "measured_train": r.measured_train,
+            "old": _alloc_dict(r.old),
+            "new": _alloc_dict(r.new),
+            "gen": dataclasses.asdict(p.gen),
+            "train": dataclasses.asdict(p.train),
+            "search_s": r.search_s,
+            "apply_cost_s": r.apply_cost_s,
+            "decided_at": r.decided_at,
+        }
+        with self.path.open("a") as f:
+            f.write(json.dumps(row) + "\n")
+
+
+def _alloc_dict(a: Allocation) -> dict[str, Any]:
+    return {
+        "gen_units": a.gen_units,
+        "train_units": a.train_units,
+        "gen_batch": a.gen_batch,
+        "train_batch": a.train_batch,
+        "gen_throughput": a.gen_throughput,
+        "train_throughput": a.train_throughput,
+        "unit": a.pool.unit,
+    }

@@ -1,0 +1,219 @@
+"""The resource manager on the EBRL driver: the starting split and run-time reallocations.
+
+:func:`setup` reads the run's ``resources`` group and returns a :class:`ResourceDriver` holding
+the starting split (:class:`~ebrl.resources.manager.RunResources`), which the workers apply when
+they start (``Plan.gen_resources`` / ``train_resources``). With ``allocator=elastic`` it also
+holds a :class:`~ebrl.resources.manager.Rebalancer`: after every update the driver feeds it the
+rollout's and the learner's measured throughputs, sends a new split to the generator and the
+learner when it decides one (a :class:`Resources` message each; they apply it between stage
+calls and acknowledge with :class:`Applied`), and records every reallocation with its cause and
+cost in ``reallocations.jsonl`` in the run folder and in the run's ``resource/*`` metrics.
+
+With the default ``resources`` group (static, unpinned, threads as ``threads.*``) the workers
+run exactly as before: their stage's own threads, no pinning, the scheduler's ``batch_min``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import math
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from ebrl.resources.manager import (
+    ELASTIC,
+    Rebalancer,
+    ResourceSettings,
+    RolloutMeter,
+    RunResources,
+    StageResources,
+    gen_batch_candidates,
+    initial_resources,
+    pool_size,
+    profile_for_run,
+    restrict_train_batch,
+    train_minibatch,
+)
+from ebrl.resources.profiler import Profile
+from ebrl.resources.topology import Topology, discover_cores
+from ebrl.runtime.channel import Outbox
+from ebrl.schedulers.ebrl.messages import Applied, Resources
+
+log = logging.getLogger(__name__)
+
+#: the scheduler whose runs the manager serves (the baselines built on EBRL's workers keep their
+#: own fixed split: ``ebrl.train`` refuses a non-default ``resources`` group for them)
+EBRL_TARGET = "ebrl.schedulers.ebrl.EBRLScheduler"
+#: generator gauges the driver reads and keeps out of the run's metrics
+COUNTERS = ("resource/gen_clock", "resource/gen_decisions", "resource/gen_blocked_env_s")
+
+
+def run_folder(factory: Any) -> Path | None:
+    """The run's folder, as ``ebrl.train`` chose it (None when the driver cannot tell)."""
+    if getattr(factory, "checkpoint", None):
+        return Path(factory.checkpoint).parent
+    if factory.cfg.get("run_dir"):
+        return Path(factory.cfg["run_dir"])
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        return Path(HydraConfig.get().runtime.output_dir)
+    except (ImportError, ValueError):  # not under Hydra
+        return None
+
+
+def _message(seq: int, res: StageResources) -> Resources:
+    return Resources(seq, res.threads, res.cores, res.batch)
+
+
+class ResourceDriver:
+    """Driver-side state of the resource manager for one run.
+
+    Args:
+        resources: the starting split.
+        rebalancer: Algorithm 1 at run time (None: a static split).
+        num_envs: envs of the run (for the rollout meter).
+        warmup: updates before throughputs are fed to the rebalancer (start-up is not steady).
+    """
+
+    def __init__(
+        self,
+        resources: RunResources,
+        rebalancer: Rebalancer | None,
+        num_envs: int,
+        warmup: int = 1,
+    ) -> None:
+        self.resources = resources
+        self.rebalancer = rebalancer
+        self.meter = RolloutMeter(num_envs)
+        self.warmup = max(1, warmup)
+        self.counters: dict[str, float] = {}
+        self.outboxes: dict[str, Outbox] = {}
+        self.seen: dict[str, Applied] = {}
+
+    def start_messages(self) -> tuple[Resources, Resources]:
+        """The generator's and the learner's starting resources (``seq`` 0)."""
+        return _message(0, self.resources.gen), _message(0, self.resources.train)
+
+    def connect(self, peers: Mapping[str, Any], authkey: bytes) -> None:
+        """Links to the generator and the learner, for reallocations."""
+        if self.rebalancer is not None:
+            self.outboxes = {r: Outbox(peers[r], authkey) for r in ("gen", "learner")}
+
+    def gauges(self, gauges: dict[str, float]) -> None:
+        """Take the generator's rollout counters out of a telemetry message's gauges."""
+        for k in COUNTERS:
+            if k in gauges:
+                self.counters[k] = gauges.pop(k)
+
+    def applied(self, msg: Applied) -> None:
+        self.seen[msg.worker] = msg
+        if self.rebalancer is not None and msg.seq > 0:
+            self.rebalancer.applied(msg.worker, msg.seq, msg.seconds)
+
+    def report(self, iteration: int, metrics: Mapping[str, float]) -> dict[str, float]:
+        """One update arrived: measure, maybe reallocate; the ``resource/*`` metrics to add."""
+        out: dict[str, float] = {}
+        c = self.counters
+        rollout = None
+        if len(c) == len(COUNTERS):
+            rollout = self.meter.update(
+                c["resource/gen_clock"],
+                c["resource/gen_decisions"],
+                c["resource/gen_blocked_env_s"],
+            )
+        train = metrics.get("resource/train_per_s_update")
+        if rollout is not None:
+            out["resource/rollout_per_s_update"] = rollout
+        if (
+            self.rebalancer is not None
+            and iteration >= self.warmup
+            and rollout is not None
+            and train is not None
+        ):
+            decision = self.rebalancer.observe(rollout, float(train), step=iteration)
+            if decision is not None:
+                seq, gen, train_res = decision
+                self.outboxes["gen"].send(_message(seq, gen))
+                self.outboxes["learner"].send(_message(seq, train_res))
+        if self.rebalancer is not None:
+            out.update(self.rebalancer.metrics())
+        for role, key in (("gen", "gen"), ("learner", "train")):
+            a = self.seen.get(role)
+            if a is not None:
+                out[f"resource/{key}_threads"] = float(a.threads)
+                out[f"resource/{key}_cores"] = float(len(a.cores))
+        gen = self.seen.get("gen")
+        if gen is not None and gen.batch_min is not None:
+            out["resource/gen_batch"] = float(gen.batch_min)
+        return out
+
+    def close(self) -> None:
+        if self.rebalancer is not None:
+            self.rebalancer.close()
+        for o in self.outboxes.values():
+            with contextlib.suppress(OSError):  # the worker is gone already
+                o.close()
+        self.outboxes.clear()
+
+
+def setup(
+    factory: Any,
+    sim_workers: int,
+    group_size: int,
+    decisions_per_env: int,
+    topology: Topology | None = None,
+) -> ResourceDriver | None:
+    """The run's resource manager from its ``resources`` group (None: the config has none, or
+    the run's scheduler is not ``scheduler=ebrl`` but a baseline running on EBRL's workers).
+
+    Elastic runs use ``resources.profile`` when given, else profile the run's policy here first
+    (a few seconds) and save the profile in the run folder. ``factory`` must know the env spec.
+    """
+    node = factory.cfg.get("resources")
+    if node is None or (factory.cfg.get("scheduler") or {}).get("_target_") != EBRL_TARGET:
+        return None
+    settings = ResourceSettings.from_config(node)
+    topo = topology or Topology(tuple(discover_cores()))
+    out_dir = run_folder(factory)
+    profile = None
+    if settings.allocator == ELASTIC:
+        minibatch = train_minibatch(factory.cfg, decisions_per_env)
+        if settings.profile:
+            profile = Profile.load(settings.profile)
+            log.info("allocator profile: %s", settings.profile)
+        else:
+            units = pool_size(settings, topo, sim_workers)
+            profile = profile_for_run(
+                factory, range(1, units), gen_batch_candidates(group_size), minibatch
+            )
+            took = sum(profile.duration_s.values())
+            log.info("profiled gen and train in %.1f s (threads 1..%d)", took, units - 1)
+            if out_dir is not None:
+                profile.save(out_dir / "profile.json")
+        profile = restrict_train_batch(profile, minibatch)
+    res = initial_resources(settings, topo, sim_workers, profile, max_gen_batch=group_size)
+    log.info("resources (%s): %s", settings.allocator, res.describe())
+    rebalancer = None
+    if settings.allocator == ELASTIC:
+        assert profile is not None
+        if out_dir is not None:
+            out_dir.mkdir(parents=True, exist_ok=True)
+        rebalancer = Rebalancer(profile, res, settings, topo, out_dir, max_gen_batch=group_size)
+    if out_dir is not None and out_dir.exists():
+        info = {"allocator": settings.allocator, **res.to_dict()}
+        if profile is not None:
+            info["profile_s"] = sum(profile.duration_s.values())
+            info["profile"] = settings.profile or str(out_dir / "profile.json")
+        (out_dir / "resources.json").write_text(json.dumps(info, indent=1, default=_json) + "\n")
+    warmup = int(factory.cfg.get("warmup_iters", 1) or 1)
+    return ResourceDriver(res, rebalancer, int(factory.cfg["num_envs"]), warmup)
+
+
+def _json(o: Any) -> Any:
+    if isinstance(o, float) and math.isnan(o):
+        return None
+    return str(o)

@@ -1,0 +1,268 @@
+"""The run's resource manager on fakes: starting splits, run-time reallocations, the config
+refusals, and the synthetic simulator's injected slowdown."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from ebrl.config import ConfigError, validate
+from ebrl.envs.synthetic import SyntheticCostEnv
+from ebrl.hardware import MachineFacts
+from ebrl.resources.allocator import AllocationError, Pool, allocate
+from ebrl.resources.manager import (
+    Rebalancer,
+    ResourceSettings,
+    RolloutMeter,
+    StageResources,
+    gen_batch_candidates,
+    initial_resources,
+    pool_size,
+    restrict_train_batch,
+    split_resources,
+    train_minibatch,
+)
+from ebrl.resources.profiler import Profile, ProfilePoint
+from ebrl.resources.topology import fake_topology
+from ebrl.train import _refuse_unwired_resources
+
+from .conftest import TINY, make_cfg
+
+TOPO = fake_topology(numa_nodes=2, cores_per_node=32, gpus=0)
+
+
+def fake_profile(gen_per_thread: float = 1000.0, train_per_thread: float = 500.0) -> Profile:
+    """Linear curves over 1..8 threads; gen at batches 1, 2 and 4, train at 16 and 64."""
+    pts = [
+        ProfilePoint("gen", t, b, gen_per_thread * t * (0.5 + b / 8))
+        for t in range(1, 9)
+        for b in (1, 2, 4)
+    ]
+    pts += [
+        ProfilePoint("train", t, b, train_per_thread * t) for t in range(1, 9) for b in (16, 64)
+    ]
+    return Profile(points=pts)
+
+
+def test_static_unpinned_is_the_configs_threads():
+    res = initial_resources(ResourceSettings(gen_threads=3, train_threads=5), TOPO, 2)
+    assert res.gen == StageResources(3, None, None) and res.train == StageResources(5)
+    assert res.sim_home is None and res.allocation is None
+    res = initial_resources(ResourceSettings(gen_batch=4), TOPO, 2)
+    assert res.gen.batch == 4
+
+
+def test_static_pinned_never_shares_a_core_when_there_is_room():
+    s = ResourceSettings(pin=True, gen_threads=4, train_threads=8)
+    res = initial_resources(s, TOPO, sim_workers=6)
+    sims = [c for cores in res.sim_home.values() for c in cores]
+    assert len(sims) == len(set(sims)) == 6
+    gen, train = set(res.gen.cores), set(res.train.cores)
+    assert not gen & train and not (gen | train) & set(sims)
+    # the threads are the config's; the cores split the rest of the machine 4 : 8
+    assert (res.gen.threads, res.train.threads) == (4, 8)
+    assert len(gen) == round(4 / 12 * (64 - 6))
+    assert len(gen) + len(train) == 64 - 6
+
+
+def test_pinned_core_counts_are_honoured():
+    s = ResourceSettings(pin=True, sim_cores=4, gen_cores=2, train_cores=6)
+    res = initial_resources(s, TOPO, sim_workers=2)
+    assert [len(c) for c in res.sim_home.values()] == [2, 2]
+    assert len(res.gen.cores) == 2 and len(res.train.cores) == 6
+    assert res.pool_cores == tuple(sorted(res.gen.cores + res.train.cores))
+
+
+def test_small_machine_shares_cores_and_says_so():
+    topo = fake_topology(numa_nodes=1, cores_per_node=2, gpus=0)
+    res = initial_resources(ResourceSettings(pin=True), topo, sim_workers=2)
+    assert all(c == frozenset({0, 1}) for c in res.sim_home.values())
+    assert res.gen.cores == (0,) and res.train.cores == (1,)
+    assert any("no room" in w for w in res.warnings)
+
+
+def test_elastic_starts_from_algorithm_1():
+    prof = restrict_train_batch(fake_profile(), 16)
+    s = ResourceSettings(allocator="elastic", gen_threads=4, train_threads=4)
+    res = initial_resources(s, TOPO, 2, prof, max_gen_batch=2)
+    want = allocate(prof, Pool(8), max_gen_batch=2)
+    assert res.allocation == want and res.pool == Pool(8)
+    assert (res.gen.threads, res.train.threads, res.gen.batch) == (
+        want.gen_units,
+        want.train_units,
+        want.gen_batch,
+    )
+    with pytest.raises(AllocationError, match="profile"):
+        initial_resources(s, TOPO, 2, None)
+
+
+def test_elastic_pinned_splits_the_cores_left_to_gen_and_train():
+    prof = restrict_train_batch(fake_profile(), 16)
+    s = ResourceSettings(pin=True, allocator="elastic", gen_cores=3, train_cores=5)
+    res = initial_resources(s, TOPO, 2, prof)
+    assert res.pool == Pool(8) and pool_size(s, TOPO, 2) == 8
+    assert len(res.gen.cores) == res.allocation.gen_units == res.gen.threads
+    assert set(res.gen.cores) | set(res.train.cores) == set(res.pool_cores)
+    assert not set(res.gen.cores) & set(res.train.cores)
+    one = fake_topology(numa_nodes=1, cores_per_node=1, gpus=0)
+    with pytest.raises(AllocationError, match="nothing to split"):
+        initial_resources(ResourceSettings(pin=True, allocator="elastic"), one, 1, prof)
+
+
+def test_split_resources_moves_cores_with_units():
+    prof = restrict_train_batch(fake_profile(), 16)
+    alloc = allocate(prof, Pool(6))
+    pool = (10, 11, 12, 13, 14, 15)
+    gen, train = split_resources(alloc, pool, TOPO)
+    assert len(gen.cores) == alloc.gen_units and len(train.cores) == alloc.train_units
+    assert set(gen.cores) | set(train.cores) == set(pool)
+    gen, train = split_resources(alloc, None)
+    assert gen.cores is None and gen.threads == alloc.gen_units
+
+
+def test_train_batch_is_the_runs_not_a_choice():
+    prof = restrict_train_batch(fake_profile(), 40)
+    assert prof.batch_sizes("train") == (16,)  # nearest to 40 of (16, 64), ties to the smaller
+    assert restrict_train_batch(fake_profile(), 60).batch_sizes("train") == (64,)
+    assert prof.batch_sizes("gen") == (1, 2, 4)
+    assert gen_batch_candidates(8) == (2, 4, 8) and gen_batch_candidates(1) == (1,)
+
+
+def test_rollout_meter_discounts_time_blocked_by_staleness():
+    m = RolloutMeter(num_envs=4)
+    assert m.update(10.0, 0, 0.0) is None  # a baseline first
+    # 2 s, 100 decisions; half the envs blocked for the whole interval: free 1 s
+    assert m.update(12.0, 100, 4.0) == pytest.approx(100.0)
+    assert m.update(12.0, 100, 4.0) is None  # no new data
+    assert m.update(13.0, 150, 8.0) is None  # blocked throughout: no rollout capacity to tell
+
+
+def test_rebalancer_reallocates_after_patience_and_records_the_cost(tmp_path):
+    prof = restrict_train_batch(fake_profile(gen_per_thread=1000, train_per_thread=500), 16)
+    s = ResourceSettings(allocator="elastic", gen_threads=1, train_threads=2, rebalance_patience=3)
+    res = initial_resources(s, TOPO, 2, prof, max_gen_batch=2)
+    assert (res.gen.threads, res.train.threads) == (1, 2)
+    now = [100.0]
+    rb = Rebalancer(prof, res, s, TOPO, tmp_path, max_gen_batch=2, clock=lambda: now[0])
+    # the rollout far slower than the profile says, the learner faster: 3 divergent updates
+    assert rb.observe(150.0, 2500.0, step=1) is None
+    assert rb.observe(150.0, 2500.0, step=2) is None
+    seq, gen, train = rb.observe(150.0, 2500.0, step=3)
+    assert (gen.threads, train.threads) == (2, 1)
+    assert rb.applied("gen", seq) is None  # the learner has not applied it yet
+    now[0] += 0.25
+    done = rb.applied("learner", seq)
+    assert done is not None and done.apply_cost_s == pytest.approx(0.25)
+    row = json.loads((tmp_path / "reallocations.jsonl").read_text())
+    assert row["step"] == 3 and row["changed"] and row["applied"]
+    assert "diverged more than 15% for 3 consecutive steps" in row["cause"]
+    assert row["apply_cost_s"] == pytest.approx(0.25)
+    assert (row["old"]["gen_units"], row["new"]["gen_units"]) == (1, 2)
+    m = rb.metrics()
+    assert m["resource/reallocations"] == 1.0 and m["resource/realloc_cost_s"] == 0.25
+
+
+def test_rebalancer_records_a_kept_split_and_unapplied_moves(tmp_path):
+    prof = restrict_train_batch(fake_profile(gen_per_thread=100), 16)
+    s = ResourceSettings(allocator="elastic", gen_threads=1, train_threads=1, rebalance_patience=1)
+    res = initial_resources(s, TOPO, 2, prof, max_gen_batch=4)
+    assert res.gen.batch == 4  # gen is the slower stage: its fastest batch
+    rb = Rebalancer(prof, res, s, TOPO, tmp_path, max_gen_batch=4)
+    # a pool of 2: one split; gen already at its largest batch, so the search keeps it all
+    assert rb.observe(10.0, 1000.0, step=5) is None
+    row = json.loads((tmp_path / "reallocations.jsonl").read_text())
+    assert row["changed"] is False and row["applied"] is False and row["step"] == 5
+    assert rb.metrics()["resource/rebalances_unchanged"] == 1.0
+
+    prof = restrict_train_batch(fake_profile(), 16)
+    s3 = ResourceSettings(allocator="elastic", gen_threads=1, train_threads=2, rebalance_patience=1)
+    res = initial_resources(s3, TOPO, 2, prof, max_gen_batch=2)
+    rb = Rebalancer(prof, res, s3, TOPO, tmp_path / "b", max_gen_batch=2)
+    (tmp_path / "b").mkdir()
+    assert rb.observe(150.0, 2500.0, step=7) is not None
+    rb.close()  # the run ended before the workers applied it
+    row = json.loads((tmp_path / "b" / "reallocations.jsonl").read_text())
+    assert row["changed"] and row["applied"] is False and row["apply_cost_s"] is None
+
+
+def test_train_minibatch_from_the_config():
+    cfg = {"num_envs": 16, "algo": {"cfg": {"num_minibatches": 2}}}
+    assert train_minibatch(cfg, decisions_per_env=12) == 96
+
+
+# --- config refusals ----------------------------------------------------------------------------
+def run_of(extra, on: MachineFacts | None = None):
+    return validate(make_cfg([*TINY, *extra]), machine=on)
+
+
+def test_default_resources_pass_under_every_scheduler():
+    for sched in ("sync", "ebrl", "async"):
+        _refuse_unwired_resources(run_of([f"scheduler={sched}"]))
+
+
+def test_other_schedulers_still_refuse_resources():
+    with pytest.raises(ConfigError, match="not wired into scheduler SyncScheduler"):
+        _refuse_unwired_resources(run_of(["resources.allocator=elastic"]))
+    with pytest.raises(ConfigError, match=r"resources\.pin=True"):
+        _refuse_unwired_resources(run_of(["scheduler=async", "resources.pin=true"]))
+
+
+def test_ebrl_takes_what_it_honours():
+    for extra in (
+        ["resources.allocator=elastic", "resources.rebalance_patience=3"],
+        ["resources.pin=true", "resources.gen_cores=1", "resources.train_cores=1"],
+        ["resources.gen_threads=2", "resources.train_threads=1", "resources.gen_batch=2"],
+    ):
+        _refuse_unwired_resources(run_of(["scheduler=ebrl", *extra]))
+
+
+@pytest.mark.parametrize(
+    "extra, words",
+    [
+        (["resources.gen_cores=1"], "resources.pin=true"),
+        (["resources.gen_batch=2", "scheduler.step_level=false"], "step_level"),
+        (["resources.rebalance_patience=3"], "allocator=elastic"),
+        (["resources.allocator=elastic", "resources.profile=/no/such.json"], "no such file"),
+    ],
+)
+def test_ebrl_refuses_what_it_would_not_honour(extra, words):
+    with pytest.raises(ConfigError, match=words):
+        _refuse_unwired_resources(run_of(["scheduler=ebrl", *extra]))
+
+
+def test_sm_quotas_are_refused_by_name():
+    h100 = MachineFacts(where="a node", gpus=("NVIDIA H100 80GB HBM3",), cuda=True, cpus=16)
+    run = run_of(["scheduler=ebrl", "gpu=h100", "resources.gen_sm_pct=60"], on=h100)
+    with pytest.raises(ConfigError, match=r"resources.gen_sm_pct=60: GPU SM quotas"):
+        _refuse_unwired_resources(run)
+
+
+# --- the synthetic simulator's slowdown -----------------------------------------------------
+def test_synthetic_slowdown_multiplies_the_step_cost_after_n_steps():
+    env = SyntheticCostEnv(
+        step_cost_ms=0.05,
+        tail_ratio=1.0,  # no spread: every step costs exactly the mean
+        cost_mode="sleep",
+        episode_steps_start=4,
+        slowdown_after_steps=6,
+        slowdown_factor=3.0,
+    )
+    env.reset(0)
+    costs = []
+    for i in range(10):
+        before = env.cost_seconds
+        if env.step([0.0] * 4).terminated or (i + 1) % 4 == 0:
+            env.reset(i)  # the count runs over episodes
+        costs.append(env.cost_seconds - before)
+    assert costs[:6] == pytest.approx([5e-5] * 6) and costs[6:] == pytest.approx([1.5e-4] * 4)
+    assert env.slowed and env.steps == 10
+    with pytest.raises(ValueError, match="slowdown_factor"):
+        SyntheticCostEnv(slowdown_factor=-1.0)
+    assert math.isclose(SyntheticCostEnv().slowdown_factor, 1.0) and not SyntheticCostEnv().slowed
+
+
+def test_synthetic_config_node_carries_the_slowdown():
+    cfg = make_cfg(["simulator=synthetic", "simulator.slowdown_after_steps=100"])
+    assert cfg.simulator.slowdown_after_steps == 100 and cfg.simulator.slowdown_factor == 1.0

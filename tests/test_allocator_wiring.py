@@ -1,0 +1,174 @@
+"""The resource manager wired into the EBRL scheduler: runs on the fake env (in-process unless
+said otherwise). The plan reaches the workers, an elastic run reallocates and logs it, nothing a
+run changes outlives it, and the default config runs as it did before the manager."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+
+import pytest
+import torch
+
+from ebrl.resources.manager import ResourceSettings, initial_resources
+from ebrl.resources.profiler import Profile, ProfilePoint
+from ebrl.resources.topology import Topology, discover_cores
+from ebrl.schedulers.ebrl import workers
+from ebrl.train import train
+
+from .conftest import TINY, make_cfg
+
+EBRL = ["scheduler=ebrl", "scheduler.backend=inprocess", "tracking.enabled=false"]
+two_cores = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 cores")
+
+
+@pytest.fixture
+def applied(monkeypatch):
+    """Every Resources message a gen or learner worker applied, with what it reported back."""
+    got: list = []
+    orig = workers._Worker.apply_resources
+
+    def spy(self, msg):
+        done = orig(self, msg)
+        got.append((msg, done))
+        return done
+
+    monkeypatch.setattr(workers._Worker, "apply_resources", spy)
+    return got
+
+
+def last(applied, worker: str):
+    return [done for _, done in applied if done.worker == worker][-1]
+
+
+def metrics(tmp_path) -> list[dict[str, str]]:
+    return list(csv.DictReader((tmp_path / "run" / "metrics.csv").open()))
+
+
+def test_static_default_runs_as_before(tiny_cfg, tmp_path, applied, monkeypatch):
+    """threads.* as before, no pinning anywhere, the scheduler's batch_min, nothing reallocated."""
+    pins = []
+    monkeypatch.setattr(workers, "pin", lambda *a: pins.append(a))
+    monkeypatch.setattr(workers, "pin_process", lambda *a: pins.append(a))
+    cfg = tiny_cfg([*EBRL, "threads.gen=1", "threads.train=1"])
+    train(cfg)
+    assert pins == []
+    gen, learner = last(applied, "gen"), last(applied, "learner")
+    assert (gen.seq, learner.seq) == (0, 0) and len(applied) == 2
+    assert gen.threads == 1 and learner.threads == 1
+    assert gen.batch_min == 1  # the scheduler's own: half a group of 2 envs
+    run = tmp_path / "run"
+    assert not (run / "reallocations.jsonl").exists()
+    info = json.loads((run / "resources.json").read_text())
+    assert info["allocator"] == "static" and info["gen"]["cores"] is None
+    assert all(float(r["resource/gen_threads"]) == 1.0 for r in metrics(tmp_path))
+
+
+def test_resource_threads_and_batch_reach_the_workers(tiny_cfg, applied):
+    cfg = tiny_cfg(
+        [*EBRL, "resources.gen_threads=2", "resources.train_threads=3", "resources.gen_batch=2"]
+    )
+    train(cfg)
+    gen, learner = last(applied, "gen"), last(applied, "learner")
+    assert (gen.threads, gen.batch_min, learner.threads) == (2, 2, 3)
+
+
+@two_cores
+def test_pinned_plan_reaches_every_worker(tiny_cfg, tmp_path, applied, monkeypatch):
+    homes = []
+    real_pin = workers.pin
+
+    def record(pid, cores):
+        homes.append(frozenset(cores))
+        return real_pin(pid, cores)
+
+    monkeypatch.setattr(workers, "pin", record)
+    before = os.sched_getaffinity(0)
+    train(tiny_cfg([*EBRL, "resources.pin=true", "threads.gen=1", "threads.train=1"]))
+    want = initial_resources(
+        ResourceSettings(pin=True, gen_threads=1, train_threads=1),
+        Topology(tuple(discover_cores())),
+        sim_workers=2,
+    )
+    gen, learner = last(applied, "gen"), last(applied, "learner")
+    # in-process workers pin their own thread: what the kernel reports back is the plan's
+    assert gen.cores == want.gen.cores and learner.cores == want.train.cores
+    assert set(gen.cores).isdisjoint(learner.cores)
+    assert set(want.sim_home.values()) <= set(homes)  # the env workers went home too
+    rows = metrics(tmp_path)
+    assert float(rows[-1]["resource/gen_cores"]) == len(want.gen.cores)
+    assert os.sched_getaffinity(0) == before
+
+
+def slow_rollout_profile(path) -> str:
+    """A profile in which gen is fast and train slow, so Algorithm 1 starts train-heavy."""
+    pts = [ProfilePoint("gen", t, b, 1000.0 * t * (0.5 + b / 4)) for t in (1, 2) for b in (1, 2)]
+    pts += [ProfilePoint("train", t, 16, 500.0 * t) for t in (1, 2)]
+    Profile(points=pts).save(path)
+    return str(path)
+
+
+def test_elastic_run_reallocates_applies_and_logs(tiny_cfg, tmp_path, applied):
+    """The env is slow (the rollout far below the profile's gen), the learner fast: after
+    ``patience`` divergent updates the allocator moves a thread from train to gen; both workers
+    apply it; the run folder and the metrics record it with its cause and cost; and the driver's
+    affinity and torch threads are as before."""
+    torch.set_num_threads(1)
+    before = (os.sched_getaffinity(0), torch.get_num_threads())
+    cfg = tiny_cfg(
+        [
+            *EBRL,
+            "resources.allocator=elastic",
+            f"resources.profile={slow_rollout_profile(tmp_path / 'profile.json')}",
+            "resources.gen_threads=1",
+            "resources.train_threads=2",
+            "resources.rebalance_patience=2",
+            "simulator.delay_s=0.02",
+            "budget.iterations=10",
+        ]
+    )
+    train(cfg)
+    assert (os.sched_getaffinity(0), torch.get_num_threads()) == before
+    starts = [done for msg, done in applied if msg.seq == 0]
+    assert {(a.worker, a.threads) for a in starts} == {("gen", 1), ("learner", 2)}
+    moves = [json.loads(x) for x in (tmp_path / "run" / "reallocations.jsonl").open()]
+    first = next(m for m in moves if m["changed"])
+    assert first["applied"] and first["apply_cost_s"] > 0
+    assert (first["gen"]["threads"], first["train"]["threads"]) == (2, 1)
+    assert first["measured_gen"] < first["measured_train"]
+    assert "consecutive steps" in first["cause"] and first["step"] >= 1
+    assert {("gen", 2), ("learner", 1)} <= {(a.worker, a.threads) for _, a in applied if a.seq}
+    rows = metrics(tmp_path)
+    assert float(rows[-1]["resource/reallocations"]) >= 1
+    assert float(rows[-1]["resource/gen_threads"]) == 2.0
+    assert not math.isnan(float(rows[-1]["resource/realloc_cost_s"]))
+    assert any(r.get("resource/rollout_per_s_update") for r in rows)
+
+
+def test_elastic_run_profiles_itself_without_a_stored_profile(tiny_cfg, tmp_path):
+    train(tiny_cfg([*EBRL, "resources.allocator=elastic", "threads.train=2"]))
+    run = tmp_path / "run"
+    prof = Profile.load(run / "profile.json")
+    assert prof.stages == ("gen", "train") and prof.shares("gen") == (1, 2)
+    info = json.loads((run / "resources.json").read_text())
+    assert info["allocator"] == "elastic" and info["profile_s"] > 0
+    assert info["gen"]["threads"] + info["train"]["threads"] == 3  # threads.gen + threads.train
+
+
+@two_cores
+def test_pinned_plan_reaches_ray_worker_processes(tmp_path):
+    """Each Ray worker pins its whole process; the driver's affinity stays; Ray shuts down."""
+    ray = pytest.importorskip("ray")
+    assert not ray.is_initialized()
+    before = os.sched_getaffinity(0)
+    cfg = make_cfg(
+        [*TINY, "scheduler=ebrl", "tracking.enabled=false", "resources.pin=true"], tmp_path
+    )
+    train(cfg)  # scheduler.backend=ray: ray.init(address="local"), shut down at the end
+    assert not ray.is_initialized()
+    rows = list(csv.DictReader((tmp_path / "run" / "metrics.csv").open()))
+    assert float(rows[-1]["resource/gen_cores"]) == 1.0
+    assert float(rows[-1]["resource/train_cores"]) == 1.0
+    assert os.sched_getaffinity(0) == before
