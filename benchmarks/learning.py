@@ -5,9 +5,9 @@ Runs each configuration for each seed as a separate ``python -m ebrl.train`` pro
 this is a 2-core machine), seed-major, logging to the MLflow experiment
 ``bench-learn-<out folder name>``. Every run evaluates its final weights on 100 deterministic
 episodes and, after training, the snapshots it kept every 10 updates (its learning curve against
-wall-clock, ``eval/success_rate``). Prints per configuration: evaluation success (mean ± sd and per seed), the training episodes' success, env
-steps and wall-clock to 80% evaluation success, throughput; then every K=4 schedule against the
-synchronous one, seed by seed. Writes ``results/learning/<date>/`` with one row per run (runs.csv),
+wall-clock, ``eval/success_rate``). Prints per configuration: evaluation success (mean ± sd and
+per seed), the training episodes' success, env steps and wall-clock to 80% evaluation success,
+throughput; then every K=4 schedule against the synchronous one, seed by seed. Writes ``results/learning/<date>/`` with one row per run (runs.csv),
 the table (table.md) and provenance. ``make bench-learn`` then exports the MLflow runs and draws
 the convergence and staleness studies with ``analysis.report``.
 
