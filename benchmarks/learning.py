@@ -2,14 +2,14 @@
 synchronous schedule, EBRL at staleness k = 0, 1, 2, 4, 8, the three baselines, and GRPO.
 
 Runs each configuration for each seed as a separate ``python -m ebrl.train`` process (one at a time:
-this is a 2-core machine), seed-major, logging to the MLflow experiment
-``bench-learn-<out folder name>``. Every run evaluates its final weights on 100 deterministic
-episodes and, after training, the snapshots it kept every 10 updates (its learning curve against
-wall-clock, ``eval/success_rate``). Prints per configuration: evaluation success (mean ± sd and
-per seed), the training episodes' success, env steps and wall-clock to 80% evaluation success,
-throughput; then every K=4 schedule against the synchronous one, seed by seed. Writes ``results/learning/<date>/`` with one row per run (runs.csv),
-the table (table.md) and provenance. ``make bench-learn`` then exports the MLflow runs and draws
-the convergence and staleness studies with ``analysis.report``.
+this is a 2-core machine), seed-major, logging to the MLflow experiment ``bench-learn-<out folder
+name>``. Every run evaluates its final weights on 100 deterministic episodes and, after training,
+the snapshots it kept every 10 updates (its learning curve against wall-clock,
+``eval/success_rate``). Prints per configuration: evaluation success (mean ± sd and per seed), the
+training episodes' success, env steps and wall-clock to 80% evaluation success, throughput; then
+every K=4 schedule against the synchronous one, seed by seed. Writes ``results/learning/<date>/``
+with one row per run (runs.csv), the table (table.md) and provenance. ``make bench-learn`` then
+exports the MLflow runs and draws the convergence and staleness studies with ``analysis.report``.
 
 Usage: python benchmarks/learning.py --seeds 0,1,2 [--configs k4,k4-ebrl,k1,...] [--scale 1.0]
 """
