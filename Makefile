@@ -91,11 +91,11 @@ learn-report: setup
 	  --out $(LEARN_OUT)/export
 	$(PY) -m analysis.report --runs $(LEARN_OUT)/export --kind convergence \
 	  --out $(LEARN_OUT)/convergence --key eval/success_rate --window 1 \
-	  --where param.chunk_size=4 --where param.algo._target_=ebrl.algos.ppo.PPO \
-	  --where "param.scheduler.staleness=1" --censored budget
+	  --success eval_success_rate --censored budget \
+	  --where param.chunk_size=4 --where param.scheduler.staleness=1 --where algo=PPO
 	$(PY) -m analysis.report --runs $(LEARN_OUT)/export --kind staleness \
 	  --out $(LEARN_OUT)/staleness --success eval_success_rate \
-	  --where scheduler=EBRLScheduler
+	  --where scheduler_variant=EBRLScheduler --where param.chunk_size=4 --where algo=PPO
 
 bench-sched: setup
 	$(PY) benchmarks/scheduler_throughput.py --seeds $(SEEDS)
@@ -150,7 +150,7 @@ _HEADLINE_COLS = $(if $(_SFX),simulator$(comma)param.policy.name$(comma)param.gp
 $(eval $(call paper_target,table-headline,headline,headline,--config-cols $$(_HEADLINE_COLS)))
 $(eval $(call paper_target,fig-scaling,scaling,scaling,--scale-col param.num_envs))
 $(eval $(call paper_target,fig-convergence,convergence,convergence,\
-  --key eval/success_rate --window 1 --censored budget))
+  --key eval/success_rate --window 1 --censored budget --success eval_success_rate))
 $(eval $(call paper_target,fig-staleness,staleness,staleness,--success eval_success_rate))
 $(eval $(call paper_target,table-ablation,ablation,ablation,))
 $(eval $(call paper_target,table-grpo,grpo,grpo,))

@@ -155,6 +155,7 @@ def build(
             runs,
             curves,
             key=args.key,
+            success=args.success,
             threshold=args.threshold,
             window=args.window,
             config_cols=cfg,
@@ -204,7 +205,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument(
         "--success",
         default="success_rate",
-        help="runs.csv success column of the staleness and grpo kinds (e.g. eval_success_rate)",
+        help="runs.csv success column of the staleness, grpo and convergence kinds "
+        "(e.g. eval_success_rate)",
     )
     ap.add_argument("--key", default="env/success_rate", help="curve key for convergence")
     ap.add_argument("--threshold", type=float, default=0.8)

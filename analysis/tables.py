@@ -23,6 +23,7 @@ LABELS = {
     "throughput_e2e": "end-to-end env steps/s",
     "throughput_overall": "env steps/s (whole run)",
     "success_rate": "final success rate",
+    "eval_success_rate": "final evaluation success",
     "overhead_frac": "engine overhead (fraction of wall time)",
     "wall_s": "wall-clock s",
     "time_to_threshold": "wall-clock s to threshold",
@@ -396,6 +397,15 @@ def ablation(
     return Table(title, header, rows, notes)
 
 
+def _kstr(k: object) -> str:
+    """A staleness bound as one spelling, whether it was read as 1, 1.0 or "1"."""
+    try:
+        f = float(k)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return str(k)
+    return str(int(f)) if f.is_integer() else str(f)
+
+
 def staleness(
     runs: pd.DataFrame,
     *,
@@ -422,7 +432,7 @@ def staleness(
         n_min.append(int(tp["n"].min()))
         missing += int(tp["n_missing"].sum() + sc["n_missing"].sum())
         ks = sorted(g[k_col].dropna().unique())
-        gk = g.assign(_k=g[k_col].astype(str))
+        gk = g.assign(_k=g[k_col].map(_kstr))
         for (_, t), (_, s) in zip(tp.iterrows(), sc.iterrows()):
             k = t[k_col]
             cells = [_cell(v) for v in key] + [_cell(k), str(int(t["n"]))]
@@ -432,7 +442,12 @@ def staleness(
                 cells.append(DASH)
             else:
                 r = stats.pairwise_ratios(
-                    gk, value, target=str(k), baselines=[str(ks[0])], scheduler_col="_k", rng=rng
+                    gk,
+                    value,
+                    target=_kstr(k),
+                    baselines=[_kstr(ks[0])],
+                    scheduler_col="_k",
+                    rng=rng,
                 ).iloc[0]
                 cells.append(_fmt_ratio(r))
             rows.append(cells)
@@ -450,6 +465,7 @@ def convergence(
     curves: pd.DataFrame,
     *,
     key: str = "env/success_rate",
+    success: str = "success_rate",
     threshold: float = 0.8,
     window: int = 5,
     config_cols: Sequence[str] = ("simulator", "policy"),
@@ -470,14 +486,15 @@ def convergence(
     rng = rng or np.random.default_rng(0)
     by = [*config_cols, scheduler_col]
     ttt = stats.time_to_threshold(curves, key=key, threshold=threshold, window=window)
-    cols = ["run_id", *by, *(["seed"] if "seed" in runs else []), "success_rate", "wall_s"]
+    cols = ["run_id", *by, *(["seed"] if "seed" in runs else []), success, "wall_s"]
     df = runs[[c for c in cols if c in runs]].merge(ttt, on="run_id", how="left")
+    df = df.rename(columns={success: "success_rate"}) if success != "success_rate" else df
     df["reached"] = df["reached"].astype("boolean").fillna(False).astype(bool)
     if "wall_s" in df:
         df["t_end"] = df["t_end"].fillna(df["wall_s"])
     if "success_rate" not in df:
         df["success_rate"] = np.nan
-    header = [label(c) for c in by] + ["reached", f"s to {threshold:g}", label("success_rate")]
+    header = [label(c) for c in by] + ["reached", f"s to {threshold:g}", label(success)]
     header += [f"{target} × sooner"]
     rows, n_min = [], []
     for ckey, cg in stats.iter_groups(df, config_cols):

@@ -155,11 +155,13 @@ def main() -> None:
         lines += [
             "",
             "Against the synchronous schedule (k4), same seeds: final evaluation success "
-            "difference, and wall-clock to 80% evaluation success as sync / config (> 1: sooner; "
+            "difference; throughput, config / sync (the same env-step budget, so > 1 means it "
+            "finished sooner); wall-clock to 80% evaluation success as sync / config (> 1: sooner; "
             "seeds where both reached it).",
             "",
-            "| config | eval success minus sync (points) | wall-clock to 80%, sync / config |",
-            "|---|---|---|",
+            "| config | eval success minus sync (points) | throughput, config / sync "
+            "| wall-clock to 80%, sync / config |",
+            "|---|---|---|---|",
         ]
         for name in names:
             if name in ("k4", "k1", "grpo"):
@@ -170,16 +172,22 @@ def main() -> None:
             if not pairs:
                 continue
             diff = np.mean([b["eval_success_rate"] - a["eval_success_rate"] for a, b in pairs])
+            speed = ratio_ci(
+                [b["throughput_e2e"] for _, b in pairs], [a["throughput_e2e"] for a, _ in pairs]
+            )
             both = [
                 (a["eval_time_to_80"], b["eval_time_to_80"])
                 for a, b in pairs
                 if a["eval_time_to_80"] is not None and b["eval_time_to_80"] is not None
             ]
-            ratio = "neither reached it"
+            ratio = "not both reached it"
             if both:
-                r = ratio_ci([a for a, _ in both], [b for _, b in both])
-                ratio = f"{r.fmt('.2f')} (n={len(both)})"
-            lines.append(f"| {name} | {100 * diff:+.1f} (n={len(pairs)}) | {ratio} |")
+                ratio = ratio_ci([a for a, _ in both], [b for _, b in both]).fmt(".2f")
+            speed_s = speed.fmt(".3f")
+            lines.append(
+                f"| {name} | {100 * diff:+.1f} (n={len(pairs)}) | {speed_s} (n={len(pairs)}) "
+                f"| {ratio} (n={len(both)}) |"
+            )
     table = "\n".join(lines)
     print("\n" + table)
     keys = sorted({k for r in rows for k in r if not isinstance(r[k], dict)})

@@ -189,3 +189,15 @@ def test_report_staleness_reads_the_success_column_it_is_given(data, tmp_path):
     assert report([*args, "--success", "eval_success_rate"]) == 0
     md = (out / "staleness.md").read_text()
     assert "`eval_success_rate`" in md and "0.5" in md
+
+
+def test_staleness_table_with_an_integer_k_column(data):
+    """Only runs that have a k (no NaN): the column is read as integers, and each k is still
+    paired with the smallest (once broke: "1" against "1.0")."""
+    runs, _ = data
+    k = "param.scheduler.staleness"
+    ppo = runs[(runs["algo"] == "PPO") & runs[k].notna()]
+    as_int = ppo.assign(**{k: ppo[k].astype(int)})
+    rows = tables.staleness(as_int).rows
+    assert [r[-1] for r in rows] == [r[-1] for r in tables.staleness(ppo).rows]
+    assert rows[-1][-1] != "–"
