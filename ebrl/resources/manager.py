@@ -291,19 +291,13 @@ def profile_for_run(
         min_step_s: each repeat lasts at least this long.
     """
     from ebrl.algos.ppo import PPOConfig
-    from ebrl.resources.profiler import gen_stage_fn, profile, train_stage_fn
+    from ebrl.resources.profiler import gen_stage_fn, policy_shape, profile, train_stage_fn
 
     algo = dict(factory.cfg["algo"].get("cfg", {}) or {})
     names = {f.name for f in dataclasses.fields(PPOConfig)}
     ppo = PPOConfig(**{k: v for k, v in algo.items() if k in names})
     policy = factory.policy()
-    shape = {
-        "policy": type(policy).__name__,
-        "obs_dim": policy.spec.obs_dim,
-        "action_dim": policy.spec.action_dim,
-        "chunk_size": policy.spec.chunk_size,
-        "parameters": sum(p.numel() for p in policy.parameters()),
-    }
+    shape = policy_shape(policy)
     gen = profile(
         gen_stage_fn(policy),
         threads,

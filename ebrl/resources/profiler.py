@@ -290,6 +290,17 @@ def gen_stage_fn(policy: Any, pin_cores: bool = False, seed: int = 0) -> StageFn
     return make
 
 
+def policy_shape(policy: Any) -> dict[str, Any]:
+    """What a profile records about the policy it measured (its class, sizes, parameters)."""
+    return {
+        "policy": type(policy).__name__,
+        "obs_dim": policy.spec.obs_dim,
+        "action_dim": policy.spec.action_dim,
+        "chunk_size": policy.spec.chunk_size,
+        "parameters": sum(p.numel() for p in policy.parameters()),
+    }
+
+
 def train_stage_fn(
     policy: Any, ppo_cfg: Any | None = None, pin_cores: bool = False, seed: int = 0
 ) -> StageFn:
@@ -414,13 +425,7 @@ def profile_cpu(
     threads = [t for t in threads if t <= allowed] or [1]
     build = policy_factory or (lambda: _mlp(obs_dim, action_dim, chunk_size, hidden, layers))
     gen_policy = build()
-    shape = {
-        "policy": type(gen_policy).__name__,
-        "obs_dim": gen_policy.spec.obs_dim,
-        "action_dim": gen_policy.spec.action_dim,
-        "chunk_size": gen_policy.spec.chunk_size,
-        "parameters": sum(p.numel() for p in gen_policy.parameters()),
-    }
+    shape = policy_shape(gen_policy)
     if policy_factory is None:
         shape |= {"hidden": hidden, "layers": layers}
     gen = profile(
