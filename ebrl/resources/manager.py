@@ -291,32 +291,24 @@ def profile_for_run(
         min_step_s: each repeat lasts at least this long.
     """
     from ebrl.algos.ppo import PPOConfig
-    from ebrl.resources.profiler import gen_stage_fn, policy_shape, profile, train_stage_fn
+    from ebrl.resources.profiler import policy_shape, profile_gen_and_train
 
     algo = dict(factory.cfg["algo"].get("cfg", {}) or {})
     names = {f.name for f in dataclasses.fields(PPOConfig)}
     ppo = PPOConfig(**{k: v for k, v in algo.items() if k in names})
     policy = factory.policy()
     shape = policy_shape(policy)
-    gen = profile(
-        gen_stage_fn(policy),
+    return profile_gen_and_train(
+        policy,
+        factory.policy(),
+        ppo,
         threads,
         gen_batches,
-        repeats,
-        stage="gen",
-        workload=shape,
-        min_step_s=min_step_s,
-    )
-    train = profile(
-        train_stage_fn(factory.policy(), ppo),
-        threads,
         [minibatch],
         repeats,
-        stage="train",
-        workload=shape | {"update_epochs": ppo.update_epochs},
-        min_step_s=min_step_s,
+        shape,
+        min_step_s,
     )
-    return gen.merge(train)
 
 
 # --- run time ---------------------------------------------------------------------------------

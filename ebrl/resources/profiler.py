@@ -290,6 +290,40 @@ def gen_stage_fn(policy: Any, pin_cores: bool = False, seed: int = 0) -> StageFn
     return make
 
 
+def profile_gen_and_train(
+    gen_policy: Any,
+    train_policy: Any,
+    ppo_cfg: Any,
+    threads: Sequence[int],
+    gen_batches: Sequence[int],
+    train_batches: Sequence[int],
+    repeats: int,
+    shape: dict[str, Any],
+    min_step_s: float,
+) -> Profile:
+    """Profile generation (``gen_policy``) and training (``train_policy`` under ``ppo_cfg``) over
+    the same thread shares, and merge the two into one profile."""
+    gen = profile(
+        gen_stage_fn(gen_policy),
+        threads,
+        gen_batches,
+        repeats,
+        stage="gen",
+        workload=shape,
+        min_step_s=min_step_s,
+    )
+    train = profile(
+        train_stage_fn(train_policy, ppo_cfg),
+        threads,
+        train_batches,
+        repeats,
+        stage="train",
+        workload=shape | {"update_epochs": ppo_cfg.update_epochs},
+        min_step_s=min_step_s,
+    )
+    return gen.merge(train)
+
+
 def policy_shape(policy: Any) -> dict[str, Any]:
     """What a profile records about the policy it measured (its class, sizes, parameters)."""
     return {
@@ -428,23 +462,14 @@ def profile_cpu(
     shape = policy_shape(gen_policy)
     if policy_factory is None:
         shape |= {"hidden": hidden, "layers": layers}
-    gen = profile(
-        gen_stage_fn(gen_policy),
+    return profile_gen_and_train(
+        gen_policy,
+        build(),
+        PPOConfig(),
         threads,
         gen_batches,
-        repeats,
-        stage="gen",
-        workload=shape,
-        min_step_s=min_step_s,
-    )
-    cfg = PPOConfig()
-    train = profile(
-        train_stage_fn(build(), cfg),
-        threads,
         train_batches,
         repeats,
-        stage="train",
-        workload=shape | {"update_epochs": cfg.update_epochs},
-        min_step_s=min_step_s,
+        shape,
+        min_step_s,
     )
-    return gen.merge(train)
