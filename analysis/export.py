@@ -387,7 +387,7 @@ def download_traces(
 
 def write(export: Export, out: str | Path, command: str | None = None) -> list[Path]:
     """Write ``runs.csv``, ``curves.csv`` and ``export.json`` (report and provenance) to ``out``."""
-    from ebrl.tracking import git_commit
+    from ebrl.tracking import git_commit, portable
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -395,13 +395,13 @@ def write(export: Export, out: str | Path, command: str | None = None) -> list[P
     export.runs.to_csv(paths[0], index=False)
     export.curves.to_csv(paths[1], index=False)
     meta = {
-        "report": asdict(export.report),
+        "report": {**asdict(export.report), "uri": portable(export.report.uri)},
         "lines": export.report.lines(),
         "analysis_commit": git_commit(),
         "run_commits": sorted(export.runs["git_commit"].dropna().astype(str).unique().tolist()),
         "machines": sorted(export.runs["machine"].dropna().astype(str).unique().tolist()),
         "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
-        "command": command,
+        "command": portable(command) if command else command,
     }
     paths[2].write_text(json.dumps(meta, indent=2) + "\n")
     return paths

@@ -60,9 +60,12 @@ def _filter(runs: pd.DataFrame, where: Sequence[str]) -> pd.DataFrame:
 def _provenance(runs_dir: Path, argv: Sequence[str]) -> str:
     meta_path = runs_dir / "export.json"
     meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
+    from ebrl.tracking import portable
+
     lines = [
-        f"report: `python -m analysis.report {' '.join(argv)}`",
-        f"export: `{meta.get('command') or 'unknown'}` ({meta.get('date', 'date unknown')})",
+        f"report: `{portable('python -m analysis.report ' + ' '.join(argv))}`",
+        f"export: `{portable(meta.get('command') or 'unknown')}` "
+        f"({meta.get('date', 'date unknown')})",
         f"run commits: {', '.join(meta.get('run_commits', [])) or 'unknown'}; "
         f"analysis commit: {meta.get('analysis_commit', 'unknown')}",
         f"machines: {'; '.join(meta.get('machines', [])) or 'unknown'}",

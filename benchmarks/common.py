@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ebrl.tracking import git_commit, machine
+from ebrl.tracking import git_commit, machine, portable
 
 #: EBRL's worker processes with every level off: a lock-step rollout, then training
 LEVELS_OFF = ["scheduler.overlap=false", "scheduler.pipeline=false", "scheduler.step_level=false"]
@@ -18,7 +18,7 @@ def provenance(seeds: list[int], **extra: Any) -> dict[str, Any]:
     return {
         "commit": git_commit(),
         "machine": machine(),
-        "command": " ".join([Path(sys.executable).name, *sys.argv]),
+        "command": portable(" ".join([Path(sys.executable).name, *sys.argv])),
         "seeds": seeds,
         "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
         **extra,

@@ -110,6 +110,22 @@ class MLflowTracker:
         self.client.set_terminated(self.run_id, status=status)
 
 
+def portable(text: str) -> str:
+    """``text`` with this checkout's, the working directory's and the home directory's absolute
+    paths taken out (``<root>/results/x`` -> ``results/x``, ``<home>/y`` -> ``~/y``).
+
+    For what a run records (its config, summary, provenance): results are committed and shared,
+    and must not carry one machine's paths. ``sqlite:////abs/root/outputs/m.db`` becomes the
+    relative ``sqlite:///outputs/m.db``, still a valid URI from the repository root.
+    """
+    root = str(Path(__file__).resolve().parents[1])
+    prefixes = {str(Path.home()): "~/", os.getcwd(): "", root: ""}
+    for prefix, repl in sorted(prefixes.items(), key=lambda kv: -len(kv[0])):
+        if prefix not in ("", "/"):
+            text = text.replace(prefix.rstrip("/") + "/", repl)
+    return text
+
+
 def git_commit() -> str:
     """The checked-out commit of the ebrl source tree, with ``-dirty`` if it has local changes.
 

@@ -36,7 +36,7 @@ from ebrl.schedulers.base import RunContext
 from ebrl.stages.factory import StageFactory
 from ebrl.stages.train import load_checkpoint, snapshots
 from ebrl.timeline import Timeline
-from ebrl.tracking import MLflowTracker, NullTracker, Tracker, git_commit, machine
+from ebrl.tracking import MLflowTracker, NullTracker, Tracker, git_commit, machine, portable
 
 log = logging.getLogger("ebrl")
 CONF_DIR = str(Path(__file__).resolve().parents[1] / "conf")
@@ -216,7 +216,7 @@ def train(cfg: DictConfig) -> Summary:
     run = validate(cfg)
     _refuse_unwired_resources(run)
     run_dir = _run_dir(run)
-    (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+    (run_dir / "config.yaml").write_text(portable(OmegaConf.to_yaml(cfg, resolve=True)))
     summary = Summary(
         seed=run.seed,
         commit=git_commit(),
@@ -225,7 +225,7 @@ def train(cfg: DictConfig) -> Summary:
         policy=_name(cfg.policy),
         simulator=str(cfg.simulator.get("task", _name(cfg.simulator))),
         algo=_name(cfg.algo),
-        run_dir=str(run_dir),
+        run_dir=portable(str(run_dir)),
     )
     ckpt_path, prog_path, jsonl = (
         run_dir / "checkpoint.pt",

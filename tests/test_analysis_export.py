@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -176,3 +177,17 @@ def test_cli(store, tmp_path, capsys):
     assert (tmp_path / "o" / "curves.csv").stat().st_size > 0
     assert main(["--uri", store, "--experiment", "partial", "--out", str(tmp_path / "p")]) == 1
     assert "nosucc" in capsys.readouterr().err
+
+
+def test_written_provenance_names_no_absolute_path_of_this_machine(store, tmp_path, monkeypatch):
+    db = Path(store.removeprefix("sqlite:///"))
+    cwd = db.parent.parent  # pytest's base folder: the store and tmp_path are under it
+    monkeypatch.chdir(cwd)
+    ex = export_runs(store, ["exp"])
+    out = tmp_path / "out"
+    write(ex, out, command=f"python -m analysis.export --uri {store} --out {out}")
+    meta = json.loads((out / "export.json").read_text())
+    rel_db, rel_out = db.relative_to(cwd), out.relative_to(cwd)
+    assert meta["report"]["uri"] == f"sqlite:///{rel_db}"
+    assert meta["command"] == f"python -m analysis.export --uri sqlite:///{rel_db} --out {rel_out}"
+    assert str(cwd) not in (out / "export.json").read_text()

@@ -108,3 +108,18 @@ def test_experiment_created_by_a_concurrent_run_is_reused():
 
     with pytest.raises(MlflowException, match="locked"):
         _experiment_id(Broken(), "sweep", None)
+
+
+def test_portable_takes_out_this_machines_paths(tmp_path, monkeypatch):
+    from pathlib import Path
+
+    import ebrl
+    from ebrl.tracking import portable
+
+    root = Path(ebrl.__file__).resolve().parents[1]
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HOME", "/home/someone")
+    assert portable(f"sqlite:///{root}/outputs/m.db") == "sqlite:///outputs/m.db"
+    assert portable(f"--out {tmp_path}/results/x") == "--out results/x"
+    assert portable("/home/someone/data/f.csv") == "~/data/f.csv"
+    assert portable("/srv/elsewhere/f.csv --seeds 0,1") == "/srv/elsewhere/f.csv --seeds 0,1"
