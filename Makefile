@@ -9,13 +9,14 @@ export VK_ICD_FILENAMES ?= $(abspath $(VULKAN))
 export PYTHONUNBUFFERED := 1
 SEEDS ?= 0,1,2
 
-.PHONY: help setup run train test test-gpu lint format bench-sim bench-learn learn-report bench-sched bench-alloc clean
+.PHONY: help setup run train test test-gpu test-rlinf lint format bench-sim bench-learn learn-report bench-sched bench-alloc clean
 
 help:
 	@echo "make run        set up, then the main job: EBRL vs Colocated/Hybrid/Async, 3 seeds (~10 min)"
 	@echo "make train      one short PPO training run with a progress bar"
 	@echo "make test       set up, then the default test suite"
 	@echo "make test-gpu   the GPU checks (NVIDIA GPU + MPS), scripts/gpu_check.sh"
+	@echo "make test-rlinf the RLinf golden tests (own venv with rlinf 0.3, RLinf checkout at v0.3)"
 	@echo "make bench-sim  simulator throughput per process"
 	@echo "make bench-sched  every scheduler side by side with CIs, ablation, bound (~20 min)"
 	@echo "make bench-learn  PPO/GRPO learning curves on PushCube-v1 (SEEDS=$(SEEDS))"
@@ -66,6 +67,20 @@ test: setup
 
 test-gpu: setup
 	$(PY) -m pytest -q -m gpu
+
+# The RLinf golden tests (tests/test_rlinf_translate.py: our translation through RLinf 0.3's own
+# placement parser and config validator), skipped by `make test`: a separate venv with the rlinf
+# extra (~3.4 GB, ~2 min) and an RLinf checkout at v0.3 (RLINF_REPO, cloned if absent).
+RLINF_VENV ?= .venv-rlinf
+RLINF_REPO ?= .cache/rlinf-src
+test-rlinf:
+	@test -x $(RLINF_VENV)/bin/python || $(PYTHON) -m venv $(RLINF_VENV)
+	$(RLINF_VENV)/bin/python -m pip install -q -c constraints.txt torch==2.13.0
+	$(RLINF_VENV)/bin/python -m pip install -q -c constraints.txt -e '.[dev,rlinf]'
+	@test -d $(RLINF_REPO)/examples/embodiment/config || \
+	  git clone -q --depth 1 --branch v0.3 https://github.com/RLinf/RLinf $(RLINF_REPO)
+	RLINF_REPO=$(abspath $(RLINF_REPO)) $(RLINF_VENV)/bin/python -m pytest -q -rs \
+	  tests/test_rlinf_translate.py
 
 lint: setup
 	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .

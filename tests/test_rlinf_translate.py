@@ -371,7 +371,9 @@ def test_rlinf_composes_and_validates_it(scheduler, gpus, tmp_path, monkeypatch)
         cfg = compose(config_name="ebrl")
     GlobalHydra.instance().clear()
     monkeypatch.setattr(rlinf_config, "Cluster", _fake_cluster(gpus))
-    cfg = rlinf_config.validate_embodied_cfg(cfg)
+    # what RLinf's entry points run: validate_cfg (embodied, FSDP, batch checks), then resolve
+    cfg = rlinf_config.validate_cfg(cfg)
+    OmegaConf.to_container(cfg, resolve=True)
     assert cfg.env.train.init_params.id == "PushCube-v1"
     assert cfg.env.train.init_params.control_mode == "pd_joint_delta_pos"
     assert cfg.actor.model.model_type == "mlp_policy" and cfg.actor.model.obs_dim == 35
