@@ -76,11 +76,15 @@ def test_observability_metrics_are_logged(tiny_cfg, tmp_path):
     assert 0 < float(rows[-1]["pipeline/train_busy_frac"]) <= 1.0
 
 
-def test_elastic_allocator_is_refused_until_wired(tiny_cfg, tmp_path):
+def test_elastic_allocator_is_refused_outside_the_ebrl_scheduler(tiny_cfg, tmp_path):
+    """The resource manager drives scheduler=ebrl only: elsewhere it is refused before any work,
+    naming the scheduler and the fix."""
     from ebrl.config import ConfigError
 
-    with pytest.raises(ConfigError, match="not wired"):
-        train(tiny_cfg(["resources.allocator=elastic"]))
+    cfg = tiny_cfg(["resources.allocator=elastic"])
+    assert not cfg.scheduler._target_.endswith("EBRLScheduler")
+    with pytest.raises(ConfigError, match="not wired into scheduler .* use scheduler=ebrl"):
+        train(cfg)
     assert not (tmp_path / "run").exists()
 
 
