@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ebrl.config import AllocatorKind, ResourcesNode
 from ebrl.resources.allocator import (
     Allocation,
     AllocationError,
@@ -109,29 +110,17 @@ class RunResources:
 
 
 # --- config -----------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class ResourceSettings:
-    """The ``resources`` group as the manager reads it (see ``ebrl.config.ResourcesNode``)."""
-
-    pin: bool = False
-    sim_cores: int | None = None
-    gen_cores: int | None = None
-    train_cores: int | None = None
-    gen_threads: int = 1
-    train_threads: int = 2
-    gen_batch: int | None = None
-    allocator: str = STATIC
-    rebalance_threshold: float = 0.15
-    rebalance_patience: int = 20
-    profile: str | None = None
+class ResourceSettings(ResourcesNode):
+    """The ``resources`` group as the manager reads it: :class:`ebrl.config.ResourcesNode`'s
+    fields (one definition), built from a resolved config node."""
 
     @classmethod
     def from_config(cls, node: Mapping[str, Any]) -> ResourceSettings:
-        """From the resolved ``resources`` node (unknown keys, such as GPU quotas, ignored)."""
+        """From the resolved ``resources`` node (keys this version does not know are ignored)."""
         names = {f.name for f in dataclasses.fields(cls)}
         kw = {k: v for k, v in node.items() if k in names}
         if "allocator" in kw:
-            kw["allocator"] = str(getattr(kw["allocator"], "value", kw["allocator"]))
+            kw["allocator"] = AllocatorKind(getattr(kw["allocator"], "value", kw["allocator"]))
         return cls(**kw)
 
 
