@@ -154,29 +154,24 @@ def build(
     if kind == "convergence":
         if curves is None or curves.empty:
             raise SystemExit("convergence needs curves.csv with points")
+        # the table and the figure read the same curve the same way
+        what = {
+            "key": args.key,
+            "threshold": args.threshold,
+            "window": args.window,
+            "config_cols": cfg,
+        }
         t = tables.convergence(
             runs,
             curves,
-            key=args.key,
             success=args.success,
-            threshold=args.threshold,
-            window=args.window,
-            config_cols=cfg,
             censored=args.censored,
             ci=args.ci,
             rng=rng,
+            **what,
             **common,
         )
-        f = figs.convergence_curves(
-            curves,
-            runs,
-            key=args.key,
-            threshold=args.threshold,
-            window=args.window,
-            config_cols=cfg,
-            scheduler_col=sc,
-        )
-        return t, [("", f)]
+        return t, [("", figs.convergence_curves(curves, runs, scheduler_col=sc, **what))]
     if kind == "timeline":
         gantts = _gantts(runs, args.runs, args, figs)
         return None, [("_" + re.sub(r"[^A-Za-z0-9_.-]+", "_", n).strip("_"), f) for n, f in gantts]

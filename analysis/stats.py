@@ -209,31 +209,32 @@ def _aligned(
     return t[value].to_numpy(dtype=float), b[value].to_numpy(dtype=float), bool(paired)
 
 
-def _ratio_row(
-    t: pd.DataFrame,
-    b: pd.DataFrame,
-    value: str,
-    *,
-    higher_is_better: bool,
-    seed_col: str | None,
-    paired: bool | None,
-    conf: float,
-    reps: int,
-    rng: np.random.Generator,
-) -> dict:
+@dataclass(frozen=True)
+class _RatioOpts:
+    """How :func:`_ratio_row` compares two groups: direction, pairing by seed, CI settings."""
+
+    higher_is_better: bool
+    seed_col: str | None
+    paired: bool | None
+    conf: float
+    reps: int
+    rng: np.random.Generator
+
+
+def _ratio_row(t: pd.DataFrame, b: pd.DataFrame, value: str, opts: _RatioOpts) -> dict:
     """Improvement of group ``t`` over group ``b`` as a ratio of means, with a bootstrap CI.
 
     The ratio is ``mean(t) / mean(b)`` when higher is better (a speedup in throughput) and
     ``mean(b) / mean(t)`` when lower is (a speedup in time to a threshold): > 1 means ``t`` wins.
     Any missing value makes the ratio NaN (``n_missing`` says how many): no silent dropping.
     """
-    x, y, was_paired = _aligned(t, b, value, seed_col, paired)
+    x, y, was_paired = _aligned(t, b, value, opts.seed_col, opts.paired)
     missing = int(np.isnan(x).sum() + np.isnan(y).sum())
     out = {"n": len(x), "n_baseline": len(y), "n_missing": missing, "paired": was_paired}
     if missing or len(x) == 0 or len(y) == 0:
         return {**out, "ratio": float("nan"), "ci_low": float("nan"), "ci_high": float("nan")}
-    num, den = (x, y) if higher_is_better else (y, x)
-    est = ratio_ci(num, den, paired=was_paired, conf=conf, reps=reps, rng=rng)
+    num, den = (x, y) if opts.higher_is_better else (y, x)
+    est = ratio_ci(num, den, paired=was_paired, conf=opts.conf, reps=opts.reps, rng=opts.rng)
     return {**out, "ratio": est.value, "ci_low": est.low, "ci_high": est.high}
 
 
@@ -245,6 +246,26 @@ def _baselines_of(
             raise ValueError("name the target or the baselines")
         return [s for s in names if s != target]
     return [s for s in names if s in set(baselines) and s != target]
+
+
+def _target_vs_baselines(
+    df: pd.DataFrame,
+    target: str,
+    baselines: Sequence[str] | None,
+    config_cols: Sequence[str],
+    scheduler_col: str,
+) -> Iterator[tuple[dict, str, pd.DataFrame, pd.DataFrame]]:
+    """(config columns, baseline, target's runs, baseline's runs) per configuration and baseline.
+
+    Configurations where ``target`` did not run are skipped; baselines follow :func:`_baselines_of`.
+    """
+    for key, g in iter_groups(df, config_cols):
+        names = sorted(g[scheduler_col].dropna().unique())
+        if target not in names:
+            continue
+        t = g[g[scheduler_col] == target]
+        for base in _baselines_of(names, target, baselines):
+            yield dict(zip(config_cols, key)), base, t, g[g[scheduler_col] == base]
 
 
 def speedup_over_baseline(
@@ -287,6 +308,7 @@ def speedup_over_baseline(
         baseline gets NaN ratios and ``baseline`` None.
     """
     rng = rng or np.random.default_rng(0)
+    opts = _RatioOpts(higher_is_better, seed_col, paired, conf, reps, rng)
     rows = []
     for key, g in iter_groups(df, config_cols):
         names = sorted(g[scheduler_col].dropna().unique())
@@ -306,19 +328,7 @@ def speedup_over_baseline(
             else:
                 b = g[g[scheduler_col] == best]
                 row["baseline_mean"] = float(means[best])
-                row.update(
-                    _ratio_row(
-                        sub,
-                        b,
-                        value,
-                        higher_is_better=higher_is_better,
-                        seed_col=seed_col,
-                        paired=paired,
-                        conf=conf,
-                        reps=reps,
-                        rng=rng,
-                    )
-                )
+                row.update(_ratio_row(sub, b, value, opts))
             rows.append(row)
     cols = [*config_cols, scheduler_col, "baseline", "baseline_mean", "mean", "ratio"]
     cols += ["ci_low", "ci_high", "n", "n_baseline", "n_missing", "paired"]
@@ -347,26 +357,9 @@ def pairwise_ratios(
         ``ci_low``, ``ci_high``, ``n``, ``n_baseline``, ``n_missing``, ``paired``.
     """
     rng = rng or np.random.default_rng(0)
-    rows = []
-    for key, g in iter_groups(df, config_cols):
-        names = sorted(g[scheduler_col].dropna().unique())
-        if target not in names:
-            continue
-        t = g[g[scheduler_col] == target]
-        for base in _baselines_of(names, target, baselines):
-            b = g[g[scheduler_col] == base]
-            r = _ratio_row(
-                t,
-                b,
-                value,
-                higher_is_better=higher_is_better,
-                seed_col=seed_col,
-                paired=paired,
-                conf=conf,
-                reps=reps,
-                rng=rng,
-            )
-            rows.append({**dict(zip(config_cols, key)), "baseline": base, **r})
+    opts = _RatioOpts(higher_is_better, seed_col, paired, conf, reps, rng)
+    pairs = _target_vs_baselines(df, target, baselines, config_cols, scheduler_col)
+    rows = [{**cfg, "baseline": base, **_ratio_row(t, b, value, opts)} for cfg, base, t, b in pairs]
     cols = [*config_cols, "baseline", "ratio", "ci_low", "ci_high", "n", "n_baseline"]
     return pd.DataFrame(rows, columns=[*cols, "n_missing", "paired"])
 
@@ -416,28 +409,24 @@ def improvement_probabilities(
     rng = rng or np.random.default_rng(0)
     sign = 1.0 if higher_is_better else -1.0
     rows = []
-    for key, g in iter_groups(df, config_cols):
-        names = sorted(g[scheduler_col].dropna().unique())
-        if target not in names:
-            continue
-        x = sign * g.loc[g[scheduler_col] == target, value].to_numpy(dtype=float)
-        for base in _baselines_of(names, target, baselines):
-            y = sign * g.loc[g[scheduler_col] == base, value].to_numpy(dtype=float)
-            if np.isnan(x).any() or np.isnan(y).any():
-                est = Estimate(float("nan"), float("nan"), float("nan"), 0)
-            else:
-                est = prob_improvement_ci(x, y, conf=conf, reps=reps, rng=rng)
-            rows.append(
-                {
-                    **dict(zip(config_cols, key)),
-                    "baseline": base,
-                    "p": est.value,
-                    "ci_low": est.low,
-                    "ci_high": est.high,
-                    "n": len(x),
-                    "n_baseline": len(y),
-                }
-            )
+    for cfg, base, t, b in _target_vs_baselines(df, target, baselines, config_cols, scheduler_col):
+        x = sign * t[value].to_numpy(dtype=float)
+        y = sign * b[value].to_numpy(dtype=float)
+        if np.isnan(x).any() or np.isnan(y).any():
+            est = Estimate(float("nan"), float("nan"), float("nan"), 0)
+        else:
+            est = prob_improvement_ci(x, y, conf=conf, reps=reps, rng=rng)
+        rows.append(
+            {
+                **cfg,
+                "baseline": base,
+                "p": est.value,
+                "ci_low": est.low,
+                "ci_high": est.high,
+                "n": len(x),
+                "n_baseline": len(y),
+            }
+        )
     cols = [*config_cols, "baseline", "p", "ci_low", "ci_high", "n", "n_baseline"]
     return pd.DataFrame(rows, columns=cols)
 

@@ -212,24 +212,16 @@ def headline(
     rng = rng or np.random.default_rng(0)
     by = [*config_cols, scheduler_col]
     summ = stats.summarize(runs, value, by, ci=ci, rng=rng)
-    sp = stats.speedup_over_baseline(
-        runs,
-        value,
-        target=target,
-        baselines=baselines,
-        config_cols=config_cols,
-        scheduler_col=scheduler_col,
-        rng=rng,
-    )
-    pi = stats.improvement_probabilities(
-        runs,
-        value,
-        target=target,
-        baselines=baselines,
-        config_cols=config_cols,
-        scheduler_col=scheduler_col,
-        rng=rng,
-    )
+    # the ratio and the probability of improvement compare the same schedulers of the same configs
+    common = {
+        "target": target,
+        "baselines": baselines,
+        "config_cols": config_cols,
+        "scheduler_col": scheduler_col,
+        "rng": rng,
+    }
+    sp = stats.speedup_over_baseline(runs, value, **common)
+    pi = stats.improvement_probabilities(runs, value, **common)
     sp = sp[[*by, "baseline", "ratio", "ci_low", "ci_high", "n_baseline"]].rename(
         columns={"ci_low": "r_low", "ci_high": "r_high"}
     )
