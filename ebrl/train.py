@@ -250,13 +250,6 @@ def train(cfg: DictConfig) -> Summary:
         )
     np.random.seed(run.seed + prog.iterations)
     torch.manual_seed(run.seed + prog.iterations)
-    # the scheduler first: a constructor that refuses its settings leaves no MLflow run behind
-    scheduler = instantiate(cfg.scheduler)
-    summary.implementation = getattr(scheduler, "implementation", "ebrl")
-    tracker = _tracker(run, summary, cfg, resume_id=prog.mlflow_run_id)
-    prog.mlflow_run_id = tracker.run_id
-    summary.iterations, summary.env_steps = prog.iterations, prog.env_steps
-    summary.time_to_80, summary.steps_to_80 = prog.time_to_80, prog.steps_to_80
     timeline = Timeline()
     factory = StageFactory.from_config(cfg)
     if run.checkpoint.every_iters > 0:
@@ -264,8 +257,6 @@ def train(cfg: DictConfig) -> Summary:
             factory, checkpoint=str(ckpt_path), checkpoint_every=run.checkpoint.every_iters
         )
     snap_dir = run_dir / "snapshots"
-    if prog.iterations == 0 and snap_dir.exists():  # a fresh start: no earlier run's weights
-        shutil.rmtree(snap_dir)
     if run.eval.every_iters > 0:
         factory = replace(factory, snapshots=str(snap_dir), snapshot_every=run.eval.every_iters)
     ctx = RunContext(
@@ -274,6 +265,21 @@ def train(cfg: DictConfig) -> Summary:
         env_groups=run.env_groups,
         timeline=timeline,
     )
+    # the scheduler first: one that refuses its settings (in its constructor, or in check(ctx)
+    # against the run: a baseline's fixed split, its loss) leaves no MLflow run behind
+    scheduler = instantiate(cfg.scheduler)
+    if callable(check := getattr(scheduler, "check", None)):
+        try:
+            check(ctx)
+        except ValueError as e:
+            raise ConfigError(str(e)) from e
+    if prog.iterations == 0 and snap_dir.exists():  # a fresh start: no earlier run's weights
+        shutil.rmtree(snap_dir)
+    summary.implementation = getattr(scheduler, "implementation", "ebrl")
+    tracker = _tracker(run, summary, cfg, resume_id=prog.mlflow_run_id)
+    prog.mlflow_run_id = tracker.run_id
+    summary.iterations, summary.env_steps = prog.iterations, prog.env_steps
+    summary.time_to_80, summary.steps_to_80 = prog.time_to_80, prog.steps_to_80
     success_hist = prog.success_hist
     bar = _progress(run, prog.env_steps)
     wall0 = prog.wall_s  # wall-clock of earlier attempts: the curves continue, not restart

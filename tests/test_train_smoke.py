@@ -83,7 +83,7 @@ def test_elastic_allocator_is_refused_outside_the_ebrl_scheduler(tiny_cfg, tmp_p
 
     cfg = tiny_cfg(["resources.allocator=elastic"])
     assert not cfg.scheduler._target_.endswith("EBRLScheduler")
-    with pytest.raises(ConfigError, match="not wired into scheduler .* use scheduler=ebrl"):
+    with pytest.raises(ConfigError, match=r"not wired into scheduler .* use scheduler=ebrl"):
         train(cfg)
     assert not (tmp_path / "run").exists()
 
@@ -127,3 +127,15 @@ def test_portable_takes_out_this_machines_paths(tmp_path, monkeypatch):
     assert portable(f"--out {tmp_path}/results/x") == "--out results/x"
     assert portable("/home/someone/data/f.csv") == "~/data/f.csv"
     assert portable("/srv/elsewhere/f.csv --seeds 0,1") == "/srv/elsewhere/f.csv --seeds 0,1"
+
+
+def test_a_baseline_refusing_the_run_leaves_no_mlflow_run(tiny_cfg, tmp_path):
+    """A scheduler's check(ctx) (here the async baseline's fixed split of the cores) runs before
+    the MLflow run is made: a ConfigError naming the fix, and nothing logged."""
+    from baselines.colocated import all_cores
+    from ebrl.config import ConfigError
+
+    cfg = tiny_cfg(["scheduler=async", "scheduler.backend=inprocess", f"threads.gen={all_cores()}"])
+    with pytest.raises(ConfigError, match="fixed split of the cores; lower one"):
+        train(cfg)
+    assert not (tmp_path / "mlflow").exists()
