@@ -87,6 +87,22 @@ REFERENCE: dict[str, str] = {
 }
 
 
+#: snapshots averaged into the late evaluation success
+LATE = 5
+
+
+def late_success(run_dir: Path, n: int = LATE) -> float | None:
+    """Mean evaluation success of the run's last ``n`` snapshots (``eval_curve.csv``): ``n``
+    policies x 16 episodes, steadier than the final weights alone, which swing by 10-30 points
+    from one update to the next on this task."""
+    path = run_dir / "eval_curve.csv"
+    if not path.exists():
+        return None
+    with path.open() as f:
+        rows = list(csv.DictReader(f))
+    return float(np.mean([float(r["success"]) for r in rows[-n:]])) if rows else None
+
+
 def run_one(
     name: str, seed: int, scale: float, out: Path, experiment: str, reuse: bool = False
 ) -> dict:
@@ -96,6 +112,7 @@ def run_one(
     if reuse and done.exists() and json.loads(done.read_text()).get("status") == "FINISHED":
         s = json.loads(done.read_text())
         s.update(config=name, command="(reused) " + str(run_dir), elapsed_s=s["wall_s"])
+        s["late_eval_success"] = late_success(run_dir)
         print(f"  {name} seed {seed}: reused {run_dir}", flush=True)
         return s
     cmd = [
@@ -114,6 +131,7 @@ def run_one(
     subprocess.run(cmd, check=True, cwd=ROOT)
     s = json.loads((run_dir / "summary.json").read_text())
     s.update(config=name, command=" ".join(cmd[1:]), elapsed_s=time.time() - t0)
+    s["late_eval_success"] = late_success(run_dir)
     print(
         f"  {name} seed {seed}: eval success {s['eval_success_rate']:.2f} "
         f"(training episodes {s['success_rate']:.2f}), eval 80% at {s['eval_steps_to_80']} "
@@ -159,9 +177,10 @@ def main() -> None:
                 continue
             rows.append(run_one(name, seed, args.scale, out, args.experiment, args.reuse))
     lines = [
-        "| config | seeds | eval success (mean ± sd) | per seed | training success "
+        "| config | seeds | eval success (mean ± sd) | per seed "
+        f"| late eval success (last {LATE} snapshots) | training success "
         "| env steps to 80% (eval) | seconds to 80% (eval) | env steps/s |",
-        "|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for name in names:
         rs = [r for r in rows if r["config"] == name]
@@ -169,6 +188,7 @@ def main() -> None:
             f"| {name} ({' '.join(CONFIGS[name][0])}) | {len(rs)} "
             f"| {fmt([r['eval_success_rate'] for r in rs], '.3f')} "
             f"| {' '.join(format(r['eval_success_rate'], '.2f') for r in rs)} "
+            f"| {fmt([r['late_eval_success'] for r in rs], '.3f')} "
             f"| {fmt([r['success_rate'] for r in rs], '.3f')} "
             f"| {fmt([r['eval_steps_to_80'] for r in rs], '.0f')} "
             f"| {fmt([r['eval_time_to_80'] for r in rs], '.0f')} "
@@ -185,8 +205,9 @@ def main() -> None:
             "sync / config (> 1: sooner; seeds where both reached it).",
             "",
             "| config | reference | eval success minus reference (points) "
+            f"| late eval success (last {LATE} snapshots) minus reference "
             "| throughput, config / reference | wall-clock to 80%, reference / config |",
-            "|---|---|---|---|---|",
+            "|---|---|---|---|---|---|",
         ]
         for name in compared:
             ref = REFERENCE[name]
@@ -196,6 +217,12 @@ def main() -> None:
             if not pairs:
                 continue
             diff = np.mean([b["eval_success_rate"] - a["eval_success_rate"] for a, b in pairs])
+            late = [
+                b["late_eval_success"] - a["late_eval_success"]
+                for a, b in pairs
+                if a["late_eval_success"] is not None and b["late_eval_success"] is not None
+            ]
+            late_s = f"{100 * np.mean(late):+.1f} (n={len(late)})" if late else "none"
             speed = ratio_ci(
                 [b["throughput_e2e"] for _, b in pairs], [a["throughput_e2e"] for a, _ in pairs]
             )
@@ -208,7 +235,7 @@ def main() -> None:
             if both:
                 ratio = _with_n(ratio_ci([a for a, _ in both], [b for _, b in both]), ".2f")
             lines.append(
-                f"| {name} | {ref} | {100 * diff:+.1f} (n={len(pairs)}) "
+                f"| {name} | {ref} | {100 * diff:+.1f} (n={len(pairs)}) | {late_s} "
                 f"| {_with_n(speed, '.3f')} | {ratio} |"
             )
     table = "\n".join(lines)
