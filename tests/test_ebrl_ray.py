@@ -18,14 +18,34 @@ from .test_ebrl_scheduler import context
 ray = pytest.importorskip("ray")
 
 RAY_PROCS = ("raylet", "gcs_server", "ray::", "default_worker.py")
+#: set in this module's tests, so inherited by every Ray process they start (raylet, GCS, workers)
+TAG = "EBRL_RAY_TEST_TAG"
+
+
+@pytest.fixture(autouse=True)
+def _tag_ray_processes(monkeypatch):
+    """Mark the Ray processes this test starts: another Ray instance on the machine (a user's job,
+    a benchmark) is not this test's to count."""
+    import uuid
+
+    monkeypatch.setenv(TAG, uuid.uuid4().hex)
 
 
 def ray_pids() -> set[int]:
+    """Ray processes started by the running test (they carry its tag in their environment)."""
+    import os
+
+    tag = os.environ.get(TAG)
     out = set()
     for p in psutil.process_iter(["pid", "cmdline"]):
         cmd = " ".join(p.info["cmdline"] or [])
-        if any(t in cmd for t in RAY_PROCS):
-            out.add(p.info["pid"])
+        if not any(t in cmd for t in RAY_PROCS):
+            continue
+        try:
+            if tag is None or p.environ().get(TAG) == tag:
+                out.add(p.info["pid"])
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
     return out
 
 
