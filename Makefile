@@ -107,7 +107,8 @@ learn-report: setup
 	$(PY) -m analysis.report --runs $(LEARN_OUT)/export --kind convergence \
 	  --out $(LEARN_OUT)/convergence --key eval/success_rate --window 1 \
 	  --success eval_success_rate --censored budget \
-	  --where param.chunk_size=4 --where param.scheduler.staleness=1 --where algo=PPO
+	  --where param.chunk_size=4 --where param.scheduler.staleness=1 --where algo=PPO \
+	  --where 'param.budget.env_steps!=400000,400000.0'
 	$(PY) -m analysis.report --runs $(LEARN_OUT)/export --kind staleness \
 	  --out $(LEARN_OUT)/staleness --success eval_success_rate \
 	  --where scheduler_variant=EBRLScheduler --where param.chunk_size=4 --where algo=PPO
