@@ -9,7 +9,7 @@ export VK_ICD_FILENAMES ?= $(abspath $(VULKAN))
 export PYTHONUNBUFFERED := 1
 SEEDS ?= 0,1,2
 
-.PHONY: help setup run train test test-gpu test-rlinf lint format bench-sim bench-learn learn-report bench-sched bench-alloc clean
+.PHONY: help setup run train test test-gpu test-rlinf lint format bench-sim bench-learn learn-report late-eval bench-sched bench-alloc clean
 
 help:
 	@echo "make run        set up, then the main job: EBRL vs Colocated/Hybrid/Async, 3 seeds (~10 min)"
@@ -112,6 +112,12 @@ learn-report: setup
 	$(PY) -m analysis.report --runs $(LEARN_OUT)/export --kind staleness \
 	  --out $(LEARN_OUT)/staleness --success eval_success_rate \
 	  --where scheduler_variant=EBRLScheduler --where param.chunk_size=4 --where algo=PPO
+
+# the late policies of the finished runs (last 5 snapshots + final weights, 100 episodes each)
+# against their synchronous references; needs the runs' snapshots/ (kept locally)
+LATE_CONFIGS ?= k1,colocated-k1,hybrid-k1,async-k1
+late-eval: setup
+	$(PY) benchmarks/late_eval.py --runs $(LEARN_OUT) --configs $(LATE_CONFIGS) --seeds $(SEEDS)
 
 bench-sched: setup
 	$(PY) benchmarks/scheduler_throughput.py --seeds $(SEEDS)
