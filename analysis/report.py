@@ -42,6 +42,14 @@ def _csv_list(s: str | None) -> list[str] | None:
     return None if s is None else [x.strip() for x in s.split(",") if x.strip()]
 
 
+def _as_text(x: object) -> str:
+    """A cell as ``--where`` compares it: integral floats without ``.0`` (a column of ints turns
+    float as soon as one run lacks the param, and ``staleness=1`` must still match ``1.0``)."""
+    if isinstance(x, float) and x.is_integer():
+        return str(int(x))
+    return str(x)
+
+
 def _filter(runs: pd.DataFrame, where: Sequence[str]) -> pd.DataFrame:
     """Keep rows where ``COL=V1,V2`` (one of the values) or drop them with ``COL!=V1,V2``;
     compared as text; several conditions must all hold."""
@@ -50,7 +58,7 @@ def _filter(runs: pd.DataFrame, where: Sequence[str]) -> pd.DataFrame:
         col, _, vals = w.partition("!=" if neg else "=")
         if col not in runs:
             raise SystemExit(f"--where {w!r}: no column {col!r} in runs.csv")
-        hit = runs[col].astype(str).isin(vals.split(","))
+        hit = runs[col].map(_as_text).isin(vals.split(","))
         runs = runs[~hit if neg else hit]
     if runs.empty:
         raise SystemExit(f"no runs left after --where {list(where)}")

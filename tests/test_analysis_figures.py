@@ -201,3 +201,13 @@ def test_staleness_table_with_an_integer_k_column(data):
     rows = tables.staleness(as_int).rows
     assert [r[-1] for r in rows] == [r[-1] for r in tables.staleness(ppo).rows]
     assert rows[-1][-1] != "–"
+
+
+def test_where_matches_integers_in_a_column_turned_float_by_missing_params():
+    from analysis.report import _filter
+
+    runs = pd.DataFrame({"k": [1.0, 2.0, np.nan], "b": [200000.0, 400000.0, 200000.0]})
+    assert _filter(runs, ["k=1"])["k"].tolist() == [1.0]
+    assert len(_filter(runs, ["b!=400000"])) == 2
+    with pytest.raises(SystemExit, match="no runs left"):
+        _filter(runs, ["k=3"])
