@@ -74,3 +74,23 @@ def test_learning_curve_from_snapshots(tiny_cfg, tmp_path):
     (run,) = client.search_runs([client.get_experiment_by_name("ebrl").experiment_id])
     hist = client.get_metric_history(run.info.run_id, "eval/success_rate")
     assert sorted(h.step for h in hist) == [m["env/steps_total"] for m in metrics]
+
+
+def test_late_eval_reevaluates_a_finished_runs_late_policies(tiny_cfg, tmp_path):
+    """benchmarks/late_eval.py: the last snapshots and the final weights, the final figure
+    checked against the run's own, the result kept for reuse, a mismatch refused."""
+    from benchmarks.late_eval import evaluate_run
+
+    s = train(tiny_cfg(["eval.episodes=3", "eval.every_iters=1", "eval.curve_episodes=2"]))
+    run_dir = tmp_path / "run"
+    r = evaluate_run(run_dir, last=2, episodes=3)
+    versions = sorted(int(v) for v in r["per_policy"])
+    assert versions[-1] == s.eval_policy_version and len(versions) == 2  # final = last snapshot
+    assert r["final"] == s.eval_success_rate == 1.0 and r["late"] == 1.0
+    assert json.loads((run_dir / "late_eval.json").read_text())["late"] == r["late"]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    (run_dir / "summary.json").write_text(json.dumps({**summary, "eval_success_rate": 0.5}))
+    assert evaluate_run(run_dir, last=2, episodes=3) == r  # kept: not evaluated again
+    (run_dir / "late_eval.json").unlink()
+    with pytest.raises(SystemExit, match="not the same measurement"):
+        evaluate_run(run_dir, last=2, episodes=3)
