@@ -102,17 +102,19 @@ def test_pinned_plan_reaches_every_worker(tiny_cfg, tmp_path, applied, monkeypat
     assert os.sched_getaffinity(0) == before
 
 
-def slow_rollout_profile(path) -> str:
-    """A profile in which gen is fast and train slow, so Algorithm 1 starts train-heavy."""
-    pts = [ProfilePoint("gen", t, b, 1000.0 * t * (0.5 + b / 4)) for t in (1, 2) for b in (1, 2)]
-    pts += [ProfilePoint("train", t, 16, 500.0 * t) for t in (1, 2)]
+def slow_gen_profile(path) -> str:
+    """A profile in which gen is half as fast as train per thread, so Algorithm 1 starts
+    gen-heavy: 2 gen threads, 1 train thread."""
+    pts = [ProfilePoint("gen", t, b, 500.0 * t) for t in (1, 2) for b in (1, 2)]
+    pts += [ProfilePoint("train", t, 16, 1000.0 * t) for t in (1, 2)]
     Profile(points=pts).save(path)
     return str(path)
 
 
 def test_elastic_run_reallocates_applies_and_logs(tiny_cfg, tmp_path, applied):
-    """The env is slow (the rollout far below the profile's gen), the learner fast: after
-    ``patience`` divergent updates the allocator moves a thread from train to gen; both workers
+    """The run's learner is far slower than profiled (32 update epochs, the profile's 1), its
+    generator as fast: after ``patience`` divergent updates the allocator moves a thread from
+    gen to train; both workers
     apply it; the run folder and the metrics record it with its cause and cost; and the driver's
     affinity and torch threads are as before."""
     torch.set_num_threads(1)
@@ -121,40 +123,44 @@ def test_elastic_run_reallocates_applies_and_logs(tiny_cfg, tmp_path, applied):
         [
             *EBRL,
             "resources.allocator=elastic",
-            f"resources.profile={slow_rollout_profile(tmp_path / 'profile.json')}",
+            f"resources.profile={slow_gen_profile(tmp_path / 'profile.json')}",
             "resources.gen_threads=1",
             "resources.train_threads=2",
             "resources.rebalance_patience=2",
-            "simulator.delay_s=0.02",
+            "algo.cfg.update_epochs=32",
             "budget.iterations=10",
         ]
     )
     train(cfg)
     assert (os.sched_getaffinity(0), torch.get_num_threads()) == before
     starts = [done for msg, done in applied if msg.seq == 0]
-    assert {(a.worker, a.threads) for a in starts} == {("gen", 1), ("learner", 2)}
+    assert {(a.worker, a.threads) for a in starts} == {("gen", 2), ("learner", 1)}
     moves = [json.loads(x) for x in (tmp_path / "run" / "reallocations.jsonl").open()]
     first = next(m for m in moves if m["changed"])
     assert first["applied"] and first["apply_cost_s"] > 0
-    assert (first["gen"]["threads"], first["train"]["threads"]) == (2, 1)
-    assert first["measured_gen"] < first["measured_train"]
+    assert (first["gen"]["threads"], first["train"]["threads"]) == (1, 2)
+    assert first["measured_gen"] > 2 * first["measured_train"]
+    assert first["measured_sim"] > 0  # the rollout's rate, recorded beside them
     assert "consecutive steps" in first["cause"] and first["step"] >= 1
-    assert {("gen", 2), ("learner", 1)} <= {(a.worker, a.threads) for _, a in applied if a.seq}
+    assert {("gen", 1), ("learner", 2)} <= {(a.worker, a.threads) for _, a in applied if a.seq}
     rows = metrics(tmp_path)
     assert float(rows[-1]["resource/reallocations"]) >= 1
-    assert float(rows[-1]["resource/gen_threads"]) == 2.0
+    assert float(rows[-1]["resource/gen_threads"]) == 1.0
     assert not math.isnan(float(rows[-1]["resource/realloc_cost_s"]))
     assert any(r.get("resource/rollout_per_s_update") for r in rows)
+    assert any(r.get("resource/gen_per_s_update") for r in rows)
 
 
 def test_elastic_run_profiles_itself_without_a_stored_profile(tiny_cfg, tmp_path):
     train(tiny_cfg([*EBRL, "resources.allocator=elastic", "threads.train=2"]))
     run = tmp_path / "run"
     prof = Profile.load(run / "profile.json")
-    assert prof.stages == ("gen", "train") and prof.shares("gen") == (1, 2)
+    assert prof.stages == ("gen", "sim", "train") and prof.shares("gen") == (1, 2)
+    assert prof.batch_sizes("sim") == (2,)  # one env worker's group: 4 envs in 2 groups
     info = json.loads((run / "resources.json").read_text())
     assert info["allocator"] == "elastic" and info["profile_s"] > 0
-    assert info["gen"]["threads"] + info["train"]["threads"] == 3  # threads.gen + threads.train
+    # at most threads.gen + threads.train; threads the simulators' pace does not need are left
+    assert 2 <= info["gen"]["threads"] + info["train"]["threads"] <= 3
 
 
 @two_cores

@@ -1,4 +1,5 @@
-"""Algorithm 1: binary search against brute force, the divergence trigger, reallocation records."""
+"""Algorithm 1: binary search against brute force, the simulators in the model, the divergence
+and drift triggers, reallocation records."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from hypothesis import strategies as st
 from ebrl.resources.allocator import (
     AllocationError,
     DivergenceMonitor,
+    DriftMonitor,
     ElasticAllocator,
     Pool,
     allocate,
@@ -19,8 +21,11 @@ from ebrl.resources.allocator import (
     balance,
     balance_brute_force,
     divergence,
+    first_at_least,
+    first_at_least_brute_force,
     predict,
     profile_curve,
+    sim_rate,
     stage_requests,
 )
 from ebrl.resources.plan import ShareKind, make_plan
@@ -206,7 +211,9 @@ def test_elastic_allocator_reallocates_toward_the_slow_stage(caplog):
     assert results[:19] == [None] * 19
     r = results[19]
     assert r is not None and r.changed and r.step == 19 and r.decided_at == 1000
-    assert "diverged more than 15% for 20 consecutive steps" in r.cause
+    assert "diverged more than 15% from the planned 600.0/s vs 500.0/s for 20 consecutive" in (
+        r.cause
+    )
     assert (r.measured_gen, r.measured_train) == (g, t)
     assert r.old == start and r.new.train_units > start.train_units
     # with train's curve halved: gen 200/unit, train 50/unit -> gen gets 8 * 50 / 250 = 1.6
@@ -223,9 +230,145 @@ def test_elastic_allocator_reallocates_toward_the_slow_stage(caplog):
 def test_elastic_allocator_records_an_unchanged_split():
     ea = ElasticAllocator(LINEAR, Pool(8), DivergenceMonitor(0.15, window=3), blend=0.5)
     cur = ea.current
-    # both stages slower by the same factor: they still diverge as profiled, the split stays
-    g = predict(LINEAR, "gen", cur.gen_units, cur.gen_batch) * 0.5
-    t = predict(LINEAR, "train", cur.train_units, cur.train_batch) * 0.5
-    rs = [ea.observe(g, t) for _ in range(3)]
-    assert rs[-1] is not None and not rs[-1].changed
-    assert ea.profile.throughput("gen", 8, 32) == pytest.approx(1600.0 * 0.75)
+    g = predict(LINEAR, "gen", cur.gen_units, cur.gen_batch)
+    t = predict(LINEAR, "train", cur.train_units, cur.train_batch)
+    # the first window sets each stage's level; as planned, so nothing fires
+    assert [ea.observe(g, t) for _ in range(3)] == [None] * 3
+    # then both slow down by the same factor: no divergence, but both drift from their levels
+    rs = [ea.observe(g * 0.5, t * 0.5) for _ in range(3)]
+    assert rs[:2] == [None, None]
+    r = rs[-1]
+    assert r is not None and not r.changed and "drifted more than 15%" in r.cause
+    # the means over the window (three steps at half) shifted both curves alike, by blend 0.5
+    f = 0.5 + 0.5 * 0.5
+    assert ea.profile.throughput("gen", 8, 32) == pytest.approx(1600.0 * f)
+    assert ea.profile.throughput("train", 8, 256) == pytest.approx(800.0 * f)
+
+
+# --- the simulators in the model --------------------------------------------------------------
+@settings(max_examples=300, deadline=None)
+@given(curve_pair(), st.floats(0.0, 5000.0, allow_nan=False))
+def test_first_at_least_matches_brute_force(case, target):
+    units, min_units, gen, _ = case
+    fast = first_at_least(gen.__getitem__, target, min_units, units)
+    ref = first_at_least_brute_force(gen.__getitem__, target, min_units, units)
+    assert fast[0] == ref[0]
+    assert fast[1] <= math.ceil(math.log2(units + 1)) + 2
+
+
+@settings(max_examples=150, deadline=None)
+@given(profiles(), st.floats(1.0, 3000.0, allow_nan=False), st.booleans())
+def test_allocate_with_simulators_matches_brute_force(case, rate, shared):
+    units, prof = case
+    pool = Pool(units, shared_with_sim=shared)
+    fast = allocate(prof, pool, sim_rate=rate)
+    ref = allocate_brute_force(prof, pool, sim_rate=rate)
+    assert fast.throughput == ref.throughput <= rate
+    assert (fast.gen_units + fast.train_units, fast.gen_batch) == (
+        ref.gen_units + ref.train_units,
+        ref.gen_batch,
+    )
+    used = fast.gen_units + fast.train_units
+    assert used <= units if shared else used == units
+    assert fast.evaluations <= ref.evaluations or units < 8  # bisection pays off past tiny pools
+
+
+def test_sim_bound_pool_shared_with_the_simulators_keeps_only_what_keeps_up():
+    # LINEAR: gen 100/unit at batch 8, 200/unit at 32; train 50/unit at 64, 100/unit at 256
+    a = allocate(LINEAR, Pool(8, shared_with_sim=True), sim_rate=150.0)
+    # 150 * 1.15 = 172.5: gen needs 1 unit at batch 32 (200/s), train 2 at batch 256 (200/s)
+    assert (a.gen_units, a.train_units, a.gen_batch, a.train_batch) == (1, 2, 32, 256)
+    assert a.throughput == 150.0 and a.bound == "sim" and a.unused_units == 5
+    assert "5 threads left to the simulators" in a.describe()
+    # the same pool on its own hardware (a GPU's SMs): the whole pool, still capped by the sims
+    b = allocate(LINEAR, Pool(8), sim_rate=150.0)
+    assert b.gen_units + b.train_units == 8 and b.throughput == 150.0
+    # without the simulators in the model, as before
+    assert allocate(LINEAR, Pool(8)).throughput == 500.0
+    # simulators faster than gen and train can go: the balanced split of the whole pool
+    c = allocate(LINEAR, Pool(8, shared_with_sim=True), sim_rate=10_000.0)
+    assert (c.gen_units, c.train_units) == (3, 5) and c.bound == "train"
+
+
+def test_sim_bound_ties_take_the_smallest_generator_batch():
+    prof = _profile(
+        gen={2: {1: 300.0, 4: 300.0}, 8: {1: 900.0, 4: 900.0}}, train={64: {1: 500.0, 4: 500.0}}
+    )
+    # gen and train both outrun the simulators at any split: the batch is the only choice left
+    a = allocate(prof, Pool(4), sim_rate=200.0)
+    assert a.gen_batch == 2 and a.throughput == 200.0
+    with pytest.raises(AllocationError, match="positive"):
+        allocate(prof, Pool(4), sim_rate=0.0)
+
+
+def test_sim_rate_reads_the_profiled_worker():
+    prof = Profile(
+        points=[ProfilePoint("sim", 1, 4, 90.0), ProfilePoint("sim", 1, 8, 100.0)],
+        share_unit="threads",
+    )
+    assert sim_rate(prof, 2, batch=8) == 200.0
+    assert sim_rate(prof, 3, batch=5) == 270.0  # the nearest profiled group size
+    assert sim_rate(prof, 0) is None and sim_rate(LINEAR, 2) is None
+
+
+def test_drift_monitor_levels_then_window():
+    m = DriftMonitor(threshold=0.15, window=3)
+    assert [m.update({"a": 100.0, "b": 50.0}) for _ in range(3)] == [False] * 3
+    assert m.levels == {"a": 100.0, "b": 50.0}
+    assert not m.update({"a": 110.0, "b": 50.0})  # 10%: no drift
+    assert m.streak == 0
+    fired = [m.update({"a": 100.0, "b": 30.0}) for _ in range(3)]
+    assert fired == [False, False, True] and m.stage == "b" and m.last == pytest.approx(0.4)
+    assert not m.update({"a": math.nan, "b": 30.0})  # a missing stage is skipped
+    m.reset()
+    assert m.levels == {} and m.streak == 0
+    with pytest.raises(ValueError):
+        DriftMonitor(threshold=1.0)
+
+
+def _with_sim(prof: Profile, per_worker: float, batch: int = 8) -> Profile:
+    return Profile(points=[*prof.points, ProfilePoint("sim", 1, batch, per_worker)])
+
+
+def test_a_slower_simulator_fires_and_frees_units_for_it():
+    # two simulator workers at 400/s each: gen and train set the pace, the whole pool is used
+    prof = _with_sim(LINEAR, 400.0)
+    ea = ElasticAllocator(
+        prof,
+        Pool(8, shared_with_sim=True),
+        DivergenceMonitor(0.15, 3),
+        blend=1.0,
+        sim_workers=2,
+        sim_batch=8,
+    )
+    cur = ea.current
+    assert (cur.gen_units, cur.train_units) == (3, 5) and cur.sim_throughput == 800.0
+    g = predict(prof, "gen", cur.gen_units, cur.gen_batch)
+    t = predict(prof, "train", cur.train_units, cur.train_batch)
+    roll = min(g, t)  # the rollout keeps pace with training (bounded staleness)
+    for _ in range(3):
+        assert ea.observe(g, t, sim_throughput=roll) is None
+    # the simulators slow to 120/s: the rollout falls below the generator's capacity
+    rs = [ea.observe(g, t, step=10 + i, sim_throughput=120.0) for i in range(3)]
+    r = rs[-1]
+    assert rs[:2] == [None, None] and r is not None and r.changed
+    assert "sim drifted more than 15%" in r.cause and r.measured_sim == 120.0
+    # blend 1: the simulators now 120/s; gen and train need only 138/s each, the rest is theirs
+    assert r.new.sim_throughput == pytest.approx(120.0) and r.new.bound == "sim"
+    assert (r.new.gen_units, r.new.train_units, r.new.gen_batch) == (1, 2, 32)
+    assert r.new.unused_units == 5
+
+
+def test_a_divergence_that_keeps_the_split_keeps_the_drift_levels():
+    ea = ElasticAllocator(LINEAR, Pool(2), DivergenceMonitor(0.15, window=2), blend=0.5)
+    cur = ea.current  # a pool of 2: one split, so every search keeps it
+    g = predict(LINEAR, "gen", cur.gen_units, cur.gen_batch)
+    t = predict(LINEAR, "train", cur.train_units, cur.train_batch)
+    # train runs at a third of its plan from the start: divergence fires, the split stays
+    rs = [ea.observe(g, t / 3) for _ in range(2)]
+    assert rs[-1] is not None and not rs[-1].changed and "diverged" in rs[-1].cause
+    assert ea.drift.levels == {"gen": g, "train": t / 3}  # set in the same window, kept
+    # a later slowdown of the generator still drifts from those levels
+    rs = [ea.observe(g / 2, t / 3) for _ in range(2)]
+    assert rs[-1] is not None and "gen drifted more than 15%" in rs[-1].cause
+    assert ea.drift.levels == {}  # a drift: the new normal sets the levels again

@@ -2,15 +2,28 @@
 
 Offline: from a :class:`~ebrl.resources.profiler.Profile`, :func:`allocate` searches the split of
 a pool (cores/threads on CPU, SM percent on GPU) between gen and train, and their batch sizes, so
-that the slower of the two stages is as fast as possible. For fixed batch sizes gen's throughput
+that the pipeline's slowest stage is as fast as possible. For fixed batch sizes gen's throughput
 rises with its share ``g`` and train's falls (it gets ``pool - g``), so ``min(gen, train)`` peaks
 where the curves cross: a binary search over ``g`` finds it in ``log2(pool)`` steps. Batch sizes
 come from the profiled grid (a handful each), so every pair is searched.
 
-At run time: a :class:`DivergenceMonitor` watches the stage throughputs; when they differ by more
-than ``threshold`` for ``window`` consecutive steps, :class:`ElasticAllocator` blends the measured
-throughputs into the profile and searches again, returning a :class:`Reallocation` record (cause,
-old, new, when, and, once the caller applied it, what applying cost).
+The simulators are the pipeline's third stage. Given their rate ``sim_rate`` (the profile's
+``sim`` stage), a split is worth at most that much, and among splits that reach it the smallest
+generator batch wins (a larger one only makes ready envs wait). When the pool is the simulators'
+own CPUs (``Pool.shared_with_sim``: unpinned threads on a CPU machine), units gen and train do not
+need are better left to the simulators: the allocator then gives each stage the smallest share that
+keeps up with the simulators with ``headroom`` to spare (a binary search on each monotone curve),
+and leaves the rest of the pool unused.
+
+At run time :class:`ElasticAllocator` fires on either of two signals held for ``window``
+consecutive steps: the stages diverge from each other by more than ``threshold`` relative to what
+the allocation planned (:class:`DivergenceMonitor`), or a stage's throughput drifts more than
+``threshold`` from its own level under the current allocation (:class:`DriftMonitor`: a slower
+simulator slows the rollout and, on shared cores, training alike, which the first signal misses).
+It then blends the measured throughputs into the profile and searches again (the levels are
+set again after a new split or a drift, kept after a divergence that left the split), returning a
+:class:`Reallocation` record (cause, old, new, when, and, once the caller applied it, what applying
+cost).
 
 Everything here is pure except the clock, which is injectable.
 """
@@ -21,6 +34,7 @@ import bisect
 import contextlib
 import dataclasses
 import logging
+import math
 import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
@@ -46,11 +60,14 @@ class Pool:
         units: its size: cores (= torch threads) on CPU, 100 for SM percent on one GPU.
         unit: ``threads`` or ``sm_percent`` (must match the profile's share unit).
         min_units: each stage gets at least this many.
+        shared_with_sim: the pool is the simulators' own CPUs (unpinned threads on a CPU
+            machine): units gen and train do not need are left unused, to the simulators.
     """
 
     units: int
     unit: str = "threads"
     min_units: int = 1
+    shared_with_sim: bool = False
 
     def __post_init__(self) -> None:
         if self.min_units < 1 or self.units < 2 * self.min_units:
@@ -72,6 +89,7 @@ class Allocation:
         train_throughput: predicted train items/s.
         pool: the pool split.
         evaluations: curve evaluations the search made (its cost).
+        sim_throughput: the simulators' rate the search assumed (inf: not modelled).
     """
 
     gen_units: int
@@ -82,6 +100,7 @@ class Allocation:
     train_throughput: float
     pool: Pool
     evaluations: int = 0
+    sim_throughput: float = math.inf
 
     @property
     def gen_share(self) -> float:
@@ -90,8 +109,20 @@ class Allocation:
 
     @property
     def throughput(self) -> float:
-        """What the pair sustains: the slower stage's throughput."""
-        return min(self.gen_throughput, self.train_throughput)
+        """What the pipeline sustains: the slowest stage's throughput."""
+        return min(self.gen_throughput, self.train_throughput, self.sim_throughput)
+
+    @property
+    def bound(self) -> str:
+        """The stage the prediction says sets the pace: ``sim``, ``gen`` or ``train``."""
+        rates = {"sim": self.sim_throughput, "gen": self.gen_throughput}
+        rates["train"] = self.train_throughput
+        return min(rates, key=rates.__getitem__)
+
+    @property
+    def unused_units(self) -> int:
+        """Units of the pool left to the simulators (``Pool.shared_with_sim``)."""
+        return self.pool.units - self.gen_units - self.train_units
 
     @property
     def imbalance(self) -> float:
@@ -107,11 +138,16 @@ class Allocation:
         )
 
     def describe(self) -> str:
-        return (
+        out = (
             f"gen {self.gen_units} {self.pool.unit} batch {self.gen_batch} "
             f"({self.gen_throughput:.1f}/s) | train {self.train_units} {self.pool.unit} "
             f"batch {self.train_batch} ({self.train_throughput:.1f}/s)"
         )
+        if math.isfinite(self.sim_throughput):
+            out += f" | sim {self.sim_throughput:.1f}/s"
+        if self.unused_units:
+            out += f" | {self.unused_units} {self.pool.unit} left to the simulators"
+        return out
 
 
 def divergence(a: float, b: float) -> float:
@@ -228,6 +264,38 @@ def balance_brute_force(gen: Curve, train: Curve, units: int, min_units: int = 1
     return dataclasses.replace(best, evaluations=2 * (units - 2 * min_units + 1))
 
 
+def first_at_least(curve: Curve, target: float, lo: int, hi: int) -> tuple[int | None, int]:
+    """Smallest ``u`` in ``[lo, hi]`` with ``curve(u) >= target`` on a non-decreasing curve.
+
+    Returns ``(u or None when even hi falls short, evaluations)``: a binary search.
+    """
+    evals = 0
+    if lo > hi:
+        return None, evals
+    evals += 1
+    if curve(hi) < target:
+        return None, evals
+    a, b = lo, hi  # invariant: curve(b) >= target; the answer is in [a, b]
+    while a < b:
+        mid = (a + b) // 2
+        evals += 1
+        if curve(mid) >= target:
+            b = mid
+        else:
+            a = mid + 1
+    return a, evals
+
+
+def first_at_least_brute_force(
+    curve: Curve, target: float, lo: int, hi: int
+) -> tuple[int | None, int]:
+    """Reference for tests: :func:`first_at_least` by a linear scan."""
+    for u in range(lo, hi + 1):
+        if curve(u) >= target:
+            return u, u - lo + 1
+    return None, max(0, hi - lo + 1)
+
+
 def _batches(profile: Profile, stage: str, limit: int | None) -> list[int]:
     have = profile.batch_sizes(stage)
     if not have:
@@ -240,14 +308,29 @@ def _batches(profile: Profile, stage: str, limit: int | None) -> list[int]:
     return ok
 
 
+def sim_rate(profile: Profile, workers: int, batch: int | None = None) -> float | None:
+    """The simulators' decisions/s: ``workers`` times one worker's profiled rate (None: the
+    profile has no ``sim`` stage, or no workers). ``batch``: the worker's env group size (the
+    profiled size nearest it; default the largest profiled)."""
+    sizes = profile.batch_sizes("sim")
+    if not sizes or workers < 1:
+        return None
+    b = max(sizes) if batch is None else min(sizes, key=lambda x: (abs(x - batch), x))
+    return workers * max(y for _, y in profile.curve("sim", b))
+
+
 def allocate(
     profile: Profile,
     pool: Pool,
     max_gen_batch: int | None = None,
     max_train_batch: int | None = None,
     search: Callable[[Curve, Curve, int, int], Split] = balance,
+    *,
+    sim_rate: float | None = None,
+    headroom: float = 0.15,
+    sufficient: Callable[[Curve, float, int, int], tuple[int | None, int]] = first_at_least,
 ) -> Allocation:
-    """Algorithm 1: the split and batch sizes that maximise the slower stage's throughput.
+    """Algorithm 1: the split and batch sizes that maximise the pipeline's slowest stage.
 
     Args:
         profile: gen and train throughput curves, in the pool's unit.
@@ -255,27 +338,54 @@ def allocate(
         max_gen_batch: largest usable generator batch (e.g. envs per group).
         max_train_batch: largest usable minibatch (e.g. decisions per segment / minibatches).
         search: :func:`balance` (binary search) or :func:`balance_brute_force`.
+        sim_rate: the simulators' decisions/s (:func:`sim_rate`; None: not modelled). A split is
+            worth at most this much.
+        headroom: with ``pool.shared_with_sim``, the smallest shares are sized to keep up with
+            ``sim_rate * (1 + headroom)`` (measurement noise, episodes of varying length).
+        sufficient: :func:`first_at_least` (binary search) or its brute-force reference.
 
-    Ties between batch-size pairs go to the smaller batches: same throughput, less latency.
+    For each pair of batch sizes the candidates are the balanced split of the whole pool and,
+    on a pool shared with the simulators, the smallest shares that keep up with them. The winner
+    has the highest predicted pipeline throughput; ties go to fewer units used (more CPU for the
+    simulators), then to the smaller batches (same throughput, less waiting), then to the more
+    balanced split.
     """
     if profile.share_unit != pool.unit:
         raise AllocationError(
             f"allocate: profile shares are {profile.share_unit}, the pool is {pool.unit}"
         )
+    if sim_rate is not None and not sim_rate > 0:
+        raise AllocationError(f"allocate: sim_rate={sim_rate} must be positive")
+    cap = math.inf if sim_rate is None else float(sim_rate)
     best: tuple[tuple, Allocation] | None = None
     evals = 0
+
+    def consider(g: int, t: int, bg: int, bt: int, fg: float, ft: float) -> None:
+        nonlocal best
+        value = min(fg, ft, cap)
+        key = (value, -(g + t), -bg, -bt, -divergence(fg, ft), -g)
+        if best is None or key > best[0]:
+            best = (key, Allocation(g, t, bg, bt, fg, ft, pool, sim_throughput=cap))
+
+    lo, hi = pool.min_units, pool.units - pool.min_units
     for bg in _batches(profile, "gen", max_gen_batch):
         gen = profile_curve(profile.curve("gen", bg))
         for bt in _batches(profile, "train", max_train_batch):
             train = profile_curve(profile.curve("train", bt))
             s = search(gen, train, pool.units, pool.min_units)
             evals += s.evaluations
-            key = (s.value, -divergence(s.gen, s.train), -bg, -bt, -s.gen_units)
-            if best is None or key > best[0]:
-                alloc = Allocation(
-                    s.gen_units, pool.units - s.gen_units, bg, bt, s.gen, s.train, pool
-                )
-                best = (key, alloc)
+            consider(s.gen_units, pool.units - s.gen_units, bg, bt, s.gen, s.train)
+            if pool.shared_with_sim and math.isfinite(cap):
+                target = cap * (1.0 + headroom)
+                g, n = sufficient(gen, target, lo, hi)
+                evals += n
+                if g is None:
+                    continue
+                t, n = sufficient(train, target, pool.min_units, pool.units - g)
+                evals += n
+                if t is not None:
+                    evals += 2
+                    consider(g, t, bg, bt, gen(g), train(t))
     assert best is not None
     return dataclasses.replace(best[1], evaluations=evals)
 
@@ -285,9 +395,21 @@ def allocate_brute_force(
     pool: Pool,
     max_gen_batch: int | None = None,
     max_train_batch: int | None = None,
+    *,
+    sim_rate: float | None = None,
+    headroom: float = 0.15,
 ) -> Allocation:
     """Reference for tests: :func:`allocate` trying every split."""
-    return allocate(profile, pool, max_gen_batch, max_train_batch, search=balance_brute_force)
+    return allocate(
+        profile,
+        pool,
+        max_gen_batch,
+        max_train_batch,
+        search=balance_brute_force,
+        sim_rate=sim_rate,
+        headroom=headroom,
+        sufficient=first_at_least_brute_force,
+    )
 
 
 def predict(profile: Profile, stage: str, units: int, batch: int) -> float:
@@ -364,6 +486,65 @@ class DivergenceMonitor:
         self.streak = 0
 
 
+class DriftMonitor:
+    """Fires when a stage's throughput drifts from its own level for ``window`` consecutive steps.
+
+    Each stage's level is the mean of its first ``window`` observations after a (re)start, i.e.
+    what it does under the allocation in force, measured where it runs (not the offline profile,
+    which a stage sharing cores with others never matches). Drift is ``|x / level - 1|``, the
+    largest over the stages. Firing resets the streak; :meth:`reset` (after a reallocation)
+    also forgets the levels.
+
+    Args:
+        threshold: relative change that counts as drift (strictly more than it).
+        window: steps that set the levels, then consecutive drifting steps before firing.
+    """
+
+    def __init__(self, threshold: float = 0.15, window: int = 20) -> None:
+        if not 0.0 <= threshold < 1.0 or window < 1:
+            raise ValueError(
+                f"DriftMonitor: threshold={threshold} must be in [0, 1), window={window} >= 1"
+            )
+        self.threshold = threshold
+        self.window = window
+        self.streak = 0
+        self.last = 0.0
+        self.stage = ""
+        self.levels: dict[str, float] = {}
+        self._seen: dict[str, list[float]] = {}
+
+    def update(self, rates: dict[str, float]) -> bool:
+        """Feed one step's throughputs by stage; True when this step completes a drifting window.
+
+        A stage with a non-finite or non-positive value this step is skipped.
+        """
+        drift, worst = 0.0, ""
+        for name, x in rates.items():
+            if not (math.isfinite(x) and x > 0):
+                continue
+            level = self.levels.get(name)
+            if level is None:
+                seen = self._seen.setdefault(name, [])
+                seen.append(x)
+                if len(seen) == self.window:
+                    self.levels[name] = sum(seen) / len(seen)
+                continue
+            d = abs(x / level - 1.0)
+            if d > drift:
+                drift, worst = d, name
+        self.last, self.stage = drift, worst
+        self.streak = self.streak + 1 if drift > self.threshold else 0
+        if self.streak >= self.window:
+            self.streak = 0
+            return True
+        return False
+
+    def reset(self) -> None:
+        self.streak = 0
+        self.levels.clear()
+        self._seen.clear()
+
+
 @dataclass(frozen=True)
 class Reallocation:
     """One run-time reallocation decision.
@@ -376,6 +557,7 @@ class Reallocation:
         step: the caller's step counter at the decision, if given.
         measured_gen: mean gen throughput over the divergent window.
         measured_train: mean train throughput over it.
+        measured_sim: mean simulator (rollout) throughput over it (nan: not measured).
         search_s: seconds the search took.
         apply_cost_s: seconds applying it took (restarting stage processes), once reported.
     """
@@ -387,6 +569,7 @@ class Reallocation:
     step: int | None = None
     measured_gen: float = 0.0
     measured_train: float = 0.0
+    measured_sim: float = math.nan
     search_s: float = 0.0
     apply_cost_s: float | None = None
 
@@ -397,15 +580,22 @@ class Reallocation:
 
 
 class ElasticAllocator:
-    """Algorithm 1 at run time: re-search the split when stage throughputs diverge.
+    """Algorithm 1 at run time: re-search the split when stage throughputs diverge or drift.
 
     Feed :meth:`observe` each step's stage *capacities* (items per busy second of each stage,
     e.g. from timeline spans), not wall-clock rates: in a pipeline the faster stage waits for
-    the slower, so wall-clock rates converge whatever the split.
+    the slower, so wall-clock rates converge whatever the split. ``sim`` is the rollout's rate
+    (decisions/s of time not held back by the staleness bound), which the simulators set when
+    the generator's capacity exceeds it.
 
-    On firing, each stage's curve in the profile is scaled by
+    Two signals, each held ``window`` consecutive steps, fire a search: gen and train diverge by
+    more than ``threshold`` relative to the throughputs the allocation predicted for them
+    (``monitor``), or a stage drifts more than ``threshold`` from its own level under the current
+    allocation (``drift``). On firing, each stage's curve in the profile is scaled by
     ``(1 - blend) + blend * measured / predicted`` at the current operating point: the whole
     curve shifts (episodes got shorter, a simulator slowed down), keeping its measured shape.
+    The simulators' curve is scaled only when the rollout ran below the generator's capacity
+    (else the rollout says nothing about them).
 
     Args:
         profile: the offline profile.
@@ -415,6 +605,10 @@ class ElasticAllocator:
         max_gen_batch: passed to :func:`allocate`.
         max_train_batch: passed to :func:`allocate`.
         clock: wall clock for ``decided_at``.
+        sim_workers: env worker processes (with the profile's ``sim`` stage: the simulators'
+            rate, :func:`sim_rate`; 0: not modelled).
+        sim_batch: envs per worker (which profiled ``sim`` batch to read).
+        headroom: passed to :func:`allocate`.
     """
 
     def __init__(
@@ -426,72 +620,125 @@ class ElasticAllocator:
         max_gen_batch: int | None = None,
         max_train_batch: int | None = None,
         clock: Callable[[], float] = time.time,
+        *,
+        sim_workers: int = 0,
+        sim_batch: int | None = None,
+        headroom: float = 0.15,
     ) -> None:
         if not 0.0 < blend <= 1.0:
             raise ValueError(f"ElasticAllocator: blend={blend} must be in (0, 1]")
         self.profile = profile
         self.pool = pool
         self.monitor = monitor or DivergenceMonitor()
+        self.drift = DriftMonitor(self.monitor.threshold, self.monitor.window)
         self.blend = blend
         self.limits = (max_gen_batch, max_train_batch)
         self.clock = clock
-        self.current = allocate(profile, pool, *self.limits)
+        self.sim_workers = sim_workers
+        self.sim_batch = sim_batch
+        self.headroom = headroom
+        self.current = self.search(profile)
         self.history: list[Reallocation] = []
         self._gen: deque[float] = deque(maxlen=self.monitor.window)
         self._train: deque[float] = deque(maxlen=self.monitor.window)
+        self._sim: deque[float] = deque(maxlen=self.monitor.window)
         log.info("initial allocation: %s", self.current.describe())
 
+    def search(self, profile: Profile) -> Allocation:
+        """:func:`allocate` on ``profile`` with this allocator's pool, limits and simulators."""
+        rate = sim_rate(profile, self.sim_workers, self.sim_batch)
+        return allocate(profile, self.pool, *self.limits, sim_rate=rate, headroom=self.headroom)
+
     def observe(
-        self, gen_throughput: float, train_throughput: float, step: int | None = None
+        self,
+        gen_throughput: float,
+        train_throughput: float,
+        step: int | None = None,
+        sim_throughput: float | None = None,
     ) -> Reallocation | None:
         """Feed one step's measured stage capacities; a :class:`Reallocation` when it fires.
 
         The record is returned (and kept in :attr:`history`) even when the new search lands on
         the same split: ``changed`` says whether to apply it.
         """
+        cur = self.current
         self._gen.append(gen_throughput)
         self._train.append(train_throughput)
-        if not self.monitor.update(gen_throughput, train_throughput):
+        sim = math.nan if sim_throughput is None else float(sim_throughput)
+        self._sim.append(sim)
+        pg = predict(self.profile, "gen", cur.gen_units, cur.gen_batch)
+        pt = predict(self.profile, "train", cur.train_units, cur.train_batch)
+        diverged = self.monitor.update(
+            gen_throughput / pg if pg > 0 else gen_throughput,
+            train_throughput / pt if pt > 0 else train_throughput,
+        )
+        rates = {"gen": gen_throughput, "train": train_throughput, "sim": sim}
+        drifted = self.drift.update(rates)
+        if not (diverged or drifted):
             return None
         mg = sum(self._gen) / len(self._gen)
         mt = sum(self._train) / len(self._train)
-        cause = (
-            f"gen {mg:.1f}/s vs train {mt:.1f}/s: diverged more than "
-            f"{self.monitor.threshold:.0%} for {self.monitor.window} consecutive steps "
-            f"(last {self.monitor.last:.0%})"
-        )
+        sims = [x for x in self._sim if math.isfinite(x)]
+        ms = sum(sims) / len(sims) if sims else math.nan
+        w, th = self.monitor.window, self.monitor.threshold
+        why = []
+        if diverged:
+            why.append(
+                f"gen {mg:.1f}/s vs train {mt:.1f}/s: diverged more than {th:.0%} from the "
+                f"planned {pg:.1f}/s vs {pt:.1f}/s for {w} consecutive steps "
+                f"(last {self.monitor.last:.0%})"
+            )
+        if drifted:
+            levels = ", ".join(f"{k} {v:.1f}/s" for k, v in sorted(self.drift.levels.items()))
+            why.append(
+                f"{self.drift.stage} drifted more than {th:.0%} from its level under this "
+                f"allocation ({levels}) for {w} consecutive steps (last {self.drift.last:.0%}; "
+                f"now gen {mg:.1f}/s, train {mt:.1f}/s"
+                + (f", rollout {ms:.1f}/s)" if math.isfinite(ms) else ")")
+            )
+        cause = "; ".join(why)
         t0 = time.perf_counter()
-        old = self.current
         prof = self.profile
-        for stage, units, batch, measured in (
-            ("gen", old.gen_units, old.gen_batch, mg),
-            ("train", old.train_units, old.train_batch, mt),
-        ):
-            predicted = predict(prof, stage, units, batch)
-            if predicted > 0:
-                prof = prof.scaled(stage, (1 - self.blend) + self.blend * measured / predicted)
+        predicted = {
+            "gen": predict(prof, "gen", cur.gen_units, cur.gen_batch),
+            "train": predict(prof, "train", cur.train_units, cur.train_batch),
+        }
+        measured = {"gen": mg, "train": mt}
+        if math.isfinite(ms) and math.isfinite(cur.sim_throughput) and ms < mg * (1 - th):
+            # the rollout ran below the generator's capacity: the simulators set it
+            predicted["sim"], measured["sim"] = cur.sim_throughput, ms
+        for stage, p in predicted.items():
+            if p > 0 and math.isfinite(measured[stage]):
+                prof = prof.scaled(stage, (1 - self.blend) + self.blend * measured[stage] / p)
         self.profile = prof
-        new = allocate(prof, self.pool, *self.limits)
+        new = self.search(prof)
         r = Reallocation(
             cause=cause,
-            old=old,
+            old=cur,
             new=new,
             decided_at=self.clock(),
             step=step,
             measured_gen=mg,
             measured_train=mt,
+            measured_sim=ms,
             search_s=time.perf_counter() - t0,
         )
         self.current = new
         self._gen.clear()
         self._train.clear()
+        self._sim.clear()
+        self.monitor.reset()
+        if r.changed or drifted:
+            self.drift.reset()  # a new split, or a new normal accepted: levels are set again
+        else:
+            self.drift.streak = 0  # same split, same levels: a later slowdown still shows
         self.history.append(r)
         log.info(
             "reallocation%s at step %s: %s; %s -> %s (search %.2f ms)",
             "" if r.changed else " (split unchanged)",
             step,
             cause,
-            old.describe(),
+            cur.describe(),
             new.describe(),
             r.search_s * 1e3,
         )

@@ -11,10 +11,15 @@ On a machine without GPUs the pool gen and train split is CPU threads: without p
 budget ``gen_threads + train_threads``; with pinning, the cores left after the env workers (each
 stage then runs one torch thread per core). That is the CPU analogue of the SM split.
 
-The gen stage's measured throughput is the rollout's: decisions the generator issued per second
-of rollout time not held back by the staleness bound (:class:`RolloutMeter`), so a slower
-simulator shows up as a slower gen stage, as generation includes the env interaction in the
-paper. The train stage's is decisions trained per second of training.
+At run time three throughputs are measured per update: the generator's capacity (decisions per
+second inside the policy), the rollout's (decisions issued per second of rollout time not held
+back by the staleness bound, :class:`RolloutMeter`: the simulators set it when it runs below the
+generator's capacity) and the learner's (decisions trained per second of training).
+
+The simulators are in the allocator's model: the profile has a ``sim`` stage (one env worker's
+group stepping chunks, decisions/s) when the run profiles itself, and unpinned the thread pool is
+the simulators' own CPUs (``Pool.shared_with_sim``), so threads gen and train do not need to keep
+up with the simulators are left to them.
 
 Nothing here touches the machine; the scheduler's workers apply what it decides
 (:mod:`ebrl.resources.apply`).
@@ -41,6 +46,7 @@ from ebrl.resources.allocator import (
     Pool,
     Reallocation,
     allocate,
+    sim_rate,
 )
 from ebrl.resources.plan import PlanPolicy, StageRequest, cpu_plan, cpu_split, make_plan
 from ebrl.resources.profiler import Profile
@@ -191,8 +197,15 @@ def initial_resources(
             return RunResources(
                 StageResources(s.gen_threads, None, s.gen_batch), StageResources(s.train_threads)
             )
-        pool = Pool(s.gen_threads + s.train_threads)
-        alloc = allocate(profile, pool, max_gen_batch=max_gen_batch)  # type: ignore[arg-type]
+        pool = Pool(s.gen_threads + s.train_threads, shared_with_sim=True)
+        rate = sim_rate(profile, sim_workers, max_gen_batch)  # type: ignore[arg-type]
+        alloc = allocate(
+            profile,  # type: ignore[arg-type]
+            pool,
+            max_gen_batch=max_gen_batch,
+            sim_rate=rate,
+            headroom=s.rebalance_threshold,
+        )
         return RunResources(
             StageResources(alloc.gen_units, None, alloc.gen_batch),
             StageResources(alloc.train_units),
@@ -215,7 +228,14 @@ def initial_resources(
             "(resources.gen_cores/train_cores) or set resources.pin=false"
         )
     pool = Pool(len(pool_cores))
-    alloc = allocate(profile, pool, max_gen_batch=max_gen_batch)  # type: ignore[arg-type]
+    rate = sim_rate(profile, sim_workers, max_gen_batch)  # type: ignore[arg-type]
+    alloc = allocate(
+        profile,  # type: ignore[arg-type]
+        pool,
+        max_gen_batch=max_gen_batch,
+        sim_rate=rate,
+        headroom=s.rebalance_threshold,
+    )
     gen_res, train_res = split_resources(alloc, pool_cores, topology)
     return RunResources(gen_res, train_res, home, pool, pool_cores, alloc, warnings)
 
@@ -267,8 +287,10 @@ def profile_for_run(
     minibatch: int,
     repeats: int = 2,
     min_step_s: float = 0.05,
+    sim_group: int | None = None,
 ) -> Profile:
-    """Profile this run's policy: gen at each thread count and batch, train at its minibatch.
+    """Profile this run's policy: gen at each thread count and batch, train at its minibatch,
+    and with ``sim_group`` one env worker's group of that many envs on one core (decisions/s).
 
     Args:
         factory: a :class:`~ebrl.stages.factory.StageFactory` that knows the env spec; gen and
@@ -278,16 +300,17 @@ def profile_for_run(
         minibatch: the learner's minibatch (decisions).
         repeats: timed repeats per point.
         min_step_s: each repeat lasts at least this long.
+        sim_group: envs per env worker (None: no ``sim`` stage in the profile).
     """
     from ebrl.algos.ppo import PPOConfig
-    from ebrl.resources.profiler import policy_shape, profile_gen_and_train
+    from ebrl.resources.profiler import policy_shape, profile, profile_gen_and_train, sim_stage_fn
 
     algo = dict(factory.cfg["algo"].get("cfg", {}) or {})
     names = {f.name for f in dataclasses.fields(PPOConfig)}
     ppo = PPOConfig(**{k: v for k, v in algo.items() if k in names})
     policy = factory.policy()
     shape = policy_shape(policy)
-    return profile_gen_and_train(
+    prof = profile_gen_and_train(
         policy,
         factory.policy(),
         ppo,
@@ -298,6 +321,19 @@ def profile_for_run(
         shape,
         min_step_s,
     )
+    if sim_group is None:
+        return prof
+    chunk = int(factory.cfg.get("chunk_size", policy.spec.chunk_size))
+    sim = profile(
+        sim_stage_fn(factory.make_env, chunk_size=chunk, decisions=True),
+        [1],
+        [sim_group],
+        repeats,
+        stage="sim",
+        workload={"simulator": str(factory.cfg.get("simulator", {}).get("name", "?"))},
+        min_step_s=min_step_s,
+    )
+    return prof.merge(sim)
 
 
 # --- run time ---------------------------------------------------------------------------------
@@ -352,8 +388,9 @@ class Rebalancer:
         settings: threshold and patience.
         topology: for re-pinning (needed when ``current.pool_cores`` is set).
         out_dir: where ``reallocations.jsonl`` goes (None: log only).
-        max_gen_batch: largest usable generator batch.
+        max_gen_batch: largest usable generator batch (and the env workers' group size).
         clock: wall clock (injectable for tests).
+        sim_workers: env worker processes (the simulators' rate, with the profile's ``sim``).
     """
 
     def __init__(
@@ -365,6 +402,7 @@ class Rebalancer:
         out_dir: Path | None = None,
         max_gen_batch: int | None = None,
         clock: Any = time.perf_counter,
+        sim_workers: int = 0,
     ) -> None:
         if current.allocation is None or current.pool is None:
             raise AllocationError("Rebalancer: the run's resources carry no allocation")
@@ -373,6 +411,9 @@ class Rebalancer:
             current.pool,
             DivergenceMonitor(settings.rebalance_threshold, settings.rebalance_patience),
             max_gen_batch=max_gen_batch,
+            sim_workers=sim_workers,
+            sim_batch=max_gen_batch,
+            headroom=settings.rebalance_threshold,
         )
         self.allocator.current = current.allocation
         self.pool_cores = current.pool_cores
@@ -387,13 +428,16 @@ class Rebalancer:
         self.last_cost = math.nan
         self.last_gen = math.nan
         self.last_train = math.nan
+        self.last_rollout = math.nan
 
     def observe(
-        self, gen: float, train: float, step: int
+        self, gen: float, train: float, step: int, rollout: float | None = None
     ) -> tuple[int, StageResources, StageResources] | None:
-        """One update's measured throughputs; ``(seq, gen, train)`` to apply, or None."""
+        """One update's measured throughputs (the generator's capacity, the learner's, and the
+        rollout's); ``(seq, gen, train)`` to apply, or None."""
         self.last_gen, self.last_train = gen, train
-        r = self.allocator.observe(gen, train, step=step)
+        self.last_rollout = math.nan if rollout is None else rollout
+        r = self.allocator.observe(gen, train, step=step, sim_throughput=rollout)
         if r is None:
             return None
         if not r.changed:  # the trigger fired, the search kept the split: recorded, nothing to do
@@ -443,10 +487,13 @@ class Rebalancer:
             "resource/reallocations": float(self.applied_count),
             "resource/rebalances_unchanged": float(self.unchanged),
             "resource/realloc_cost_s": self.last_cost,
-            "resource/rollout_per_s": self.last_gen,
+            "resource/rollout_per_s": self.last_rollout,
+            "resource/gen_per_s": self.last_gen,
             "resource/train_per_s": self.last_train,
             "resource/divergence": self.allocator.monitor.last,
             "resource/divergent_streak": float(self.allocator.monitor.streak),
+            "resource/drift": self.allocator.drift.last,
+            "resource/drift_streak": float(self.allocator.drift.streak),
         }
 
     def _record(self, r: Reallocation, p: _Pending, applied: bool) -> None:
@@ -459,6 +506,7 @@ class Rebalancer:
             "cause": r.cause,
             "measured_gen": r.measured_gen,
             "measured_train": r.measured_train,
+            "measured_sim": None if math.isnan(r.measured_sim) else r.measured_sim,
             "old": _alloc_dict(r.old),
             "new": _alloc_dict(r.new),
             "gen": dataclasses.asdict(p.gen),
@@ -479,5 +527,7 @@ def _alloc_dict(a: Allocation) -> dict[str, Any]:
         "train_batch": a.train_batch,
         "gen_throughput": a.gen_throughput,
         "train_throughput": a.train_throughput,
+        "sim_throughput": a.sim_throughput if math.isfinite(a.sim_throughput) else None,
+        "unused_units": a.unused_units,
         "unit": a.pool.unit,
     }

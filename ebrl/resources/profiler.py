@@ -2,7 +2,8 @@
 
 A *stage function* ``stage_fn(share, batch_size) -> step`` prepares one measurement point (sets
 threads, builds inputs) and returns ``step() -> items``, one unit of work that reports how many
-items it processed. :func:`profile` times ``repeats`` steps per point after one warm-up step.
+items it processed; a step with a ``close`` attribute has it called after its point (envs).
+:func:`profile` times ``repeats`` steps per point after one warm-up step.
 The share is whatever the pool is counted in: torch threads (= cores) on CPU, SM percent on GPU.
 
 Concrete CPU stage functions (defaults sized so a whole profile takes seconds):
@@ -230,16 +231,21 @@ def profile(
         for share in shares:
             for batch in batch_sizes:
                 step = stage_fn(int(share), int(batch))
-                step()  # warm-up: allocations, lazy init, caches
-                samples = []
-                for _ in range(repeats):
-                    items, start = 0.0, time.perf_counter()
-                    while True:
-                        items += step()
-                        secs = time.perf_counter() - start
-                        if secs >= min_step_s:
-                            break
-                    samples.append(items / secs if secs > 0 else math.inf)
+                try:
+                    step()  # warm-up: allocations, lazy init, caches
+                    samples = []
+                    for _ in range(repeats):
+                        items, start = 0.0, time.perf_counter()
+                        while True:
+                            items += step()
+                            secs = time.perf_counter() - start
+                            if secs >= min_step_s:
+                                break
+                        samples.append(items / secs if secs > 0 else math.inf)
+                finally:
+                    close = getattr(step, "close", None)
+                    if close is not None:
+                        close()
                 tput = float(np.median(samples))
                 points.append(ProfilePoint(stage, int(share), int(batch), tput, tuple(samples)))
     return Profile(
@@ -384,7 +390,9 @@ def train_stage_fn(
     return make
 
 
-def sim_stage_fn(make_env: Callable[[int], Any], chunk_size: int = 4, seed: int = 0) -> StageFn:
+def sim_stage_fn(
+    make_env: Callable[[int], Any], chunk_size: int = 4, seed: int = 0, decisions: bool = False
+) -> StageFn:
     """Simulation throughput (env steps/s) of one env group of ``B`` envs in this process.
 
     The share is the cores the process may use; a simulator steps on one thread, so it only
@@ -394,6 +402,8 @@ def sim_stage_fn(make_env: Callable[[int], Any], chunk_size: int = 4, seed: int 
         make_env: env id -> an :class:`ebrl.envs.base.Env`.
         chunk_size: K actions per env per step.
         seed: reset seeds and random actions.
+        decisions: count decisions (one action chunk per env per step, the unit of gen and
+            train) instead of env steps.
     """
     from ebrl.envs.base import EnvGroup
     from ebrl.types import ActionChunk
@@ -418,8 +428,10 @@ def sim_stage_fn(make_env: Callable[[int], Any], chunk_size: int = 4, seed: int 
                 env_ids=ids,
                 policy_version=torch.zeros(batch, dtype=torch.int64),
             )
-            return float(group.step_chunk(chunk).n_steps.sum())
+            steps = float(group.step_chunk(chunk).n_steps.sum())
+            return float(batch) if decisions else steps
 
+        step.close = group.close  # type: ignore[attr-defined]
         return step
 
     return make

@@ -48,7 +48,12 @@ log = logging.getLogger(__name__)
 #: own fixed split: ``ebrl.train`` refuses a non-default ``resources`` group for them)
 EBRL_TARGET = "ebrl.schedulers.ebrl.EBRLScheduler"
 #: generator gauges the driver reads and keeps out of the run's metrics
-COUNTERS = ("resource/gen_clock", "resource/gen_decisions", "resource/gen_blocked_env_s")
+COUNTERS = (
+    "resource/gen_clock",
+    "resource/gen_decisions",
+    "resource/gen_blocked_env_s",
+    "resource/gen_busy_s",
+)
 
 
 def run_folder(factory: Any) -> Path | None:
@@ -89,6 +94,7 @@ class ResourceDriver:
         self.resources = resources
         self.rebalancer = rebalancer
         self.meter = RolloutMeter(num_envs)
+        self.gen_last: tuple[float, float] | None = None  # (decisions, busy seconds)
         self.warmup = max(1, warmup)
         self.counters: dict[str, float] = {}
         self.outboxes: dict[str, Outbox] = {}
@@ -118,23 +124,31 @@ class ResourceDriver:
         """One update arrived: measure, maybe reallocate; the ``resource/*`` metrics to add."""
         out: dict[str, float] = {}
         c = self.counters
-        rollout = None
-        if len(c) == len(COUNTERS):
+        rollout = gen_cap = None
+        if all(k in c for k in COUNTERS):
             rollout = self.meter.update(
                 c["resource/gen_clock"],
                 c["resource/gen_decisions"],
                 c["resource/gen_blocked_env_s"],
             )
+            now = (c["resource/gen_decisions"], c["resource/gen_busy_s"])
+            prev, self.gen_last = self.gen_last, now
+            if prev is not None and now[1] - prev[1] > 0:
+                gen_cap = (now[0] - prev[0]) / (now[1] - prev[1])
         train = metrics.get("resource/train_per_s_update")
         if rollout is not None:
             out["resource/rollout_per_s_update"] = rollout
+        if gen_cap is not None:
+            out["resource/gen_per_s_update"] = gen_cap
         if (
             self.rebalancer is not None
             and iteration >= self.warmup
             and rollout is not None
             and train is not None
         ):
-            decision = self.rebalancer.observe(rollout, float(train), step=iteration)
+            decision = self.rebalancer.observe(
+                gen_cap if gen_cap is not None else rollout, float(train), iteration, rollout
+            )
             if decision is not None:
                 seq, gen, train_res = decision
                 self.outboxes["gen"].send(_message(seq, gen))
@@ -188,7 +202,11 @@ def setup(
         else:
             units = pool_size(settings, topo, sim_workers)
             profile = profile_for_run(
-                factory, range(1, units), gen_batch_candidates(group_size), minibatch
+                factory,
+                range(1, units),
+                gen_batch_candidates(group_size),
+                minibatch,
+                sim_group=group_size,
             )
             took = sum(profile.duration_s.values())
             log.info("profiled gen and train in %.1f s (threads 1..%d)", took, units - 1)
@@ -202,7 +220,15 @@ def setup(
         assert profile is not None
         if out_dir is not None:
             out_dir.mkdir(parents=True, exist_ok=True)
-        rebalancer = Rebalancer(profile, res, settings, topo, out_dir, max_gen_batch=group_size)
+        rebalancer = Rebalancer(
+            profile,
+            res,
+            settings,
+            topo,
+            out_dir,
+            max_gen_batch=group_size,
+            sim_workers=sim_workers,
+        )
     if out_dir is not None and out_dir.exists():
         info = {"allocator": settings.allocator, **res.to_dict()}
         if profile is not None:

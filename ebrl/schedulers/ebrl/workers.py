@@ -290,6 +290,7 @@ class GenWorker(_Worker):
         # rollout accounting for the allocator: decisions issued, and env-seconds in which a
         # ready env waited only because acting on it would break the staleness bound
         self.decided = 0
+        self.gen_busy_s = 0.0  # seconds inside the policy: the generator's own capacity
         self.blocked_env_s = 0.0
         self._n_blocked = 0
         self._t_acc = time.perf_counter()
@@ -392,10 +393,12 @@ class GenWorker(_Worker):
                 if self.inline
                 else self.slots.get_obs(ids)
             )
+            t_gen = time.perf_counter()
             with tl.span("gen", self.name, batch=len(ids)):
                 chunk = self.stage.generate(
                     Observation(obs=torch.from_numpy(obs), env_ids=torch.from_numpy(ids))
                 )
+            self.gen_busy_s += time.perf_counter() - t_gen
             for e in batch:
                 del ready[e]
             decisions[ids] += 1
@@ -417,6 +420,7 @@ class GenWorker(_Worker):
                     "pipeline/gen_version": float(self.stage.version),
                     "resource/rebinds": float(self.rebinds),
                     "resource/gen_decisions": float(self.decided),
+                    "resource/gen_busy_s": self.gen_busy_s,
                     "resource/gen_blocked_env_s": self.blocked_env_s,
                     "resource/gen_clock": time.perf_counter(),
                 }
