@@ -274,7 +274,13 @@ def main() -> None:
     )
     ap.add_argument("--patience", type=int, default=3, help="resources.rebalance_patience")
     ap.add_argument("--threshold", type=float, default=0.15, help="resources.rebalance_threshold")
-    ap.add_argument("--slow-at", type=int, default=6, help="(d): update the slowdown starts in")
+    ap.add_argument(
+        "--slow-at",
+        type=int,
+        default=10,
+        help="(d): update the slowdown starts in (room after the warm-up for a first firing "
+        "that recalibrates the profile, then a window that sets the stages' drift levels)",
+    )
     ap.add_argument("--slow-factor", type=float, default=3.0, help="(d): step cost multiplier")
     ap.add_argument("--after", type=int, default=6, help="(d): updates after the window")
     ap.add_argument("--repeats", type=int, default=3, help="profiler repeats per point")
