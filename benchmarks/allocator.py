@@ -208,6 +208,63 @@ def by_config(rows: list[dict], name: str) -> np.ndarray:
     )
 
 
+def grid_noise(rows: list[dict], grid: list[str], chosen: str) -> list[str]:
+    """How far run-to-run noise goes in (b): the split's effect against the seeds' scatter.
+
+    - noise: the pooled standard deviation of a configuration's runs over seeds, against the
+      spread of the configurations' means;
+    - the best configuration of each seed (if it changes from seed to seed, the grid's "best"
+      is partly the luckiest);
+    - held out: for each seed, the configuration best on the *other* seeds, measured on this
+      seed, against the chosen one on this seed. The grid's own best is picked and scored on the
+      same runs, so its mean is biased upward (the winner's curse); the held-out figure is not.
+    """
+    seeds = sorted({r["seed"] for r in rows if r["config"] in grid})
+    val = {(r["config"], r["seed"]): r["throughput_e2e"] for r in rows}
+    full = [n for n in grid if all((n, s) in val for s in seeds)]
+    if len(seeds) < 2 or chosen not in full:
+        return []
+    per = {n: np.array([val[(n, s)] for s in seeds]) for n in full}
+    within = float(np.sqrt(np.mean([x.var(ddof=1) for x in per.values()])))
+    means = {n: float(x.mean()) for n, x in per.items()}
+    mid = float(np.mean(list(means.values())))
+    spread = max(means.values()) - min(means.values())
+    best_of = {s: max(full, key=lambda n, s=s: val[(n, s)]) for s in seeds}
+    held = []
+    for s in seeds:
+        rest = [q for q in seeds if q != s]
+        pick = max(full, key=lambda n: np.mean([val[(n, q)] for q in rest]))
+        held.append((s, pick, val[(chosen, s)] / val[(pick, s)]))
+    return [
+        "",
+        f"Noise: a configuration's runs scatter by {within:.1f} steps/s (pooled sd over seeds, "
+        f"{100 * within / mid:.1f}% of the grid's mean {mid:.1f}); the configurations' means span "
+        f"{spread:.1f} ({100 * spread / mid:.1f}%).",
+        "Best configuration of each seed: "
+        + ", ".join(f"seed {s} {n} ({val[(n, s)]:.1f})" for s, n in best_of.items())
+        + ".",
+        "Held out (the configuration best on the other seeds, scored on this seed): "
+        + ", ".join(f"seed {s}: {chosen} / {n} = {r:.3f}" for s, n, r in held)
+        + f"; mean {np.mean([r for *_, r in held]):.3f}.",
+    ]
+
+
+def reanalyse(folder: Path) -> None:
+    """(b)'s noise analysis from a result folder (its runs.csv, and table.md for the choice)."""
+    import re
+
+    rows = [
+        {**r, "seed": int(r["seed"]), "throughput_e2e": float(r["throughput_e2e"])}
+        for r in csv.DictReader((folder / "runs.csv").open())
+    ]
+    m = re.search(r"^chosen (\S+) / best", (folder / "table.md").read_text(), re.M)
+    if m is None:
+        raise SystemExit(f"{folder / 'table.md'}: no 'chosen ... / best' line")
+    grid = sorted({r["config"] for r in rows if re.fullmatch(r"g\d+t\d+b\d+", r["config"])})
+    print(f"{folder}: chosen {m.group(1)}, {len(grid)} grid configurations")
+    print("\n".join(grid_noise(rows, grid, m.group(1))))
+
+
 def slowdown_table(drows: list[dict], args: Any) -> list[str]:
     """(d): when the trigger fired against the window, and per-update throughput around it.
 
@@ -287,9 +344,17 @@ def main() -> None:
     ap.add_argument("--experiment", default="bench-alloc", help="MLflow experiment")
     ap.add_argument("--quick", action="store_true", help="smoke version, nothing written")
     ap.add_argument(
+        "--reanalyse",
+        metavar="DIR",
+        help="run nothing: print (b)'s noise analysis from an earlier result folder's runs.csv",
+    )
+    ap.add_argument(
         "--out", default=str(ROOT / "results" / "allocator" / time.strftime("%Y-%m-%d"))
     )
     args = ap.parse_args()
+    if args.reanalyse:
+        reanalyse(Path(args.reanalyse))
+        return
     vk = ROOT / ".cache" / "vulkan" / "lvp_icd.json"
     if vk.exists():  # SAPIEN's CPU Vulkan driver, as the Makefile sets it
         os.environ.setdefault("VK_ICD_FILENAMES", str(vk))
@@ -379,6 +444,7 @@ def main() -> None:
     lines += [
         "",
         f"chosen {chosen} / best {best}: {r.fmt('.3f')} (goal >= 0.95; paired over seeds)",
+        *grid_noise(rows, list(grid), chosen),
         "",
         "## (c) EBRL with the elastic allocator against a naive even split",
         "",
