@@ -125,10 +125,11 @@ def profile_workload(workload: list[str], pool: int, repeats: int, path: Path) -
     # what the run does: unpinned, the thread pool is the simulators' CPUs too
     alloc = allocate(
         usable,
-        Pool(pool, shared_with_sim=True),
+        Pool(pool, shared_with_sim=True, cores=len(os.sched_getaffinity(0))),
         max_gen_batch=group,
         sim_rate=rate,
         headroom=float(cfg.resources.rebalance_threshold),
+        sim_workers=workers,
     )
     return {
         "profile": prof,
@@ -343,6 +344,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3, help="profiler repeats per point")
     ap.add_argument("--experiment", default="bench-alloc", help="MLflow experiment")
     ap.add_argument("--quick", action="store_true", help="smoke version, nothing written")
+    ap.add_argument("--no-slowdown", action="store_true", help="(a)-(c) only, no (d)")
     ap.add_argument(
         "--reanalyse",
         metavar="DIR",
@@ -460,27 +462,14 @@ def main() -> None:
     print("\n".join(lines[b_start:]), flush=True)
 
     # (d) slowdown mid-run --------------------------------------------------------------------
-    cfg = compose([*slow_workload, *EBRL])
-    steps_per_update = (int(cfg.rollout_steps) // int(cfg.chunk_size)) * int(cfg.chunk_size)
-    slow = [
-        f"simulator.slowdown_after_steps={args.slow_at * steps_per_update}",
-        f"simulator.slowdown_factor={args.slow_factor}",
-    ]
-    slow_elastic = [e for e in elastic if not e.startswith("resources.profile=")]
-    print(
-        f"\n(d) slowdown x{args.slow_factor} from update {args.slow_at} "
-        f"(patience {args.patience}) ...",
-        flush=True,
-    )
-    drows = []
-    d_start = len(lines) + 1
+    drows: list[dict] = []
     static = split(even, pool - even)
-    for s in seeds:
-        for name, ov in (("slow-even", static), ("slow-elastic", slow_elastic)):
-            drows.append(train_run(name, slow_workload, [*ov, *slow], s, args, out))
-    lines += slowdown_table(drows, args)
+    slow_elastic = [e for e in elastic if not e.startswith("resources.profile=")]
+    slow: list[str] = []
+    if not args.no_slowdown:
+        slow, drows = slowdown_runs(args, seeds, static, slow_elastic, slow_workload, out)
+        lines += slowdown_table(drows, args)
     table = "\n".join(lines)
-    print("\n" + "\n".join(lines[d_start:]))
     print(f"\ntotal {(time.time() - t_all) / 60:.1f} min")
     if args.quick:
         shutil.rmtree(out, ignore_errors=True)
@@ -488,7 +477,7 @@ def main() -> None:
     prov = provenance(
         seeds,
         workload=workload,
-        slow_workload=slow_workload,
+        slow_workload=None if args.no_slowdown else slow_workload,
         pool=pool,
         configs={**configs, "slow-even": static, "slow-elastic": slow_elastic},
         slowdown=slow,
@@ -507,6 +496,34 @@ def main() -> None:
         f"# Elastic allocator\n\n{table}\n\n```json\n{json.dumps(prov, indent=2)}\n```\n"
     )
     print(f"\nwritten to {out}")
+
+
+def slowdown_runs(
+    args: Any,
+    seeds: list[int],
+    static: list[str],
+    slow_elastic: list[str],
+    slow_workload: list[str],
+    out: Path,
+) -> tuple[list[str], list[dict]]:
+    """(d)'s runs: the static even split and the elastic allocator, the simulator slowed."""
+    cfg = compose([*slow_workload, *EBRL])
+    steps_per_update = (int(cfg.rollout_steps) // int(cfg.chunk_size)) * int(cfg.chunk_size)
+    slow = [
+        f"simulator.slowdown_after_steps={args.slow_at * steps_per_update}",
+        f"simulator.slowdown_factor={args.slow_factor}",
+    ]
+    print(
+        f"\n(d) slowdown x{args.slow_factor} from update {args.slow_at} "
+        f"(patience {args.patience}) ...",
+        flush=True,
+    )
+    drows = []
+    for s in seeds:
+        for name, ov in (("slow-even", static), ("slow-elastic", slow_elastic)):
+            drows.append(train_run(name, slow_workload, [*ov, *slow], s, args, out))
+    print("\n".join(slowdown_table(drows, args)))
+    return slow, drows
 
 
 if __name__ == "__main__":

@@ -87,9 +87,10 @@ def test_elastic_starts_from_algorithm_1():
     prof = restrict_train_batch(fake_profile(), 16)
     s = ResourceSettings(allocator="elastic", gen_threads=4, train_threads=4)
     res = initial_resources(s, TOPO, 2, prof, max_gen_batch=2)
-    # unpinned, the thread pool is the simulators' CPUs too
-    want = allocate(prof, Pool(8, shared_with_sim=True), max_gen_batch=2)
-    assert res.allocation == want and res.pool == Pool(8, shared_with_sim=True)
+    # unpinned, the thread pool is the simulators' CPUs too (the machine's 64 cores)
+    pool = Pool(8, shared_with_sim=True, cores=64)
+    want = allocate(prof, pool, max_gen_batch=2, sim_workers=2)
+    assert res.allocation == want and res.pool == pool
     assert (res.gen.threads, res.train.threads, res.gen.batch) == (
         want.gen_units,
         want.train_units,
@@ -97,6 +98,21 @@ def test_elastic_starts_from_algorithm_1():
     )
     with pytest.raises(AllocationError, match="profile"):
         initial_resources(s, TOPO, 2, None)
+
+
+def test_elastic_with_simulators_on_few_cores_spares_threads():
+    """A profile with a ``sim`` stage on a 2-core machine: the shared-CPU model prices every
+    split, and threads that would only take CPU from the simulators stay unused."""
+    pts = [ProfilePoint("gen", t, 2, 250.0 + 10 * t) for t in (1, 2, 3)]
+    pts += [ProfilePoint("train", t, 16, 180.0 + 20 * t) for t in (1, 2, 3)]
+    pts += [ProfilePoint("sim", 1, 2, 230.0)]
+    prof = Profile(points=pts)
+    two = fake_topology(numa_nodes=1, cores_per_node=2, gpus=0)
+    s = ResourceSettings(allocator="elastic", gen_threads=2, train_threads=2)
+    res = initial_resources(s, two, 2, prof, max_gen_batch=2)
+    assert (res.gen.threads, res.train.threads) == (1, 1)
+    assert res.pool == Pool(4, shared_with_sim=True, cores=2)
+    assert res.allocation is not None and res.allocation.unused_units == 2
 
 
 def test_elastic_pinned_splits_the_cores_left_to_gen_and_train():

@@ -25,6 +25,7 @@ from ebrl.resources.allocator import (
     first_at_least_brute_force,
     predict,
     profile_curve,
+    shared_cpu_rate,
     sim_rate,
     stage_requests,
 )
@@ -372,3 +373,54 @@ def test_a_divergence_that_keeps_the_split_keeps_the_drift_levels():
     rs = [ea.observe(g / 2, t / 3) for _ in range(2)]
     assert rs[-1] is not None and "gen drifted more than 15%" in rs[-1].cause
     assert ea.drift.levels == {}  # a drift: the new normal sets the levels again
+
+
+# --- the shared-CPU model ---------------------------------------------------------------------
+def test_shared_cpu_rate_by_hand():
+    # sims 100/s per core (10 ms), gen 1 thread at 200/s (5 ms), train 2 threads at 200/s (10 ms)
+    assert shared_cpu_rate(2, 100.0, 2, 1, 200.0, 2, 200.0) == pytest.approx(2 / 0.025)
+    # one core: 40/s; the simulators alone could do 100/s on it
+    assert shared_cpu_rate(1, 100.0, 2, 1, 200.0, 2, 200.0) == pytest.approx(40.0)
+    # plenty of cores: capped by the simulators' workers (2 x 100/s), then by a stage's capacity
+    assert shared_cpu_rate(64, 100.0, 2, 1, 200.0, 2, 200.0) == 200.0
+    assert shared_cpu_rate(64, 100.0, 2, 1, 150.0, 2, 200.0) == 150.0
+    assert shared_cpu_rate(2, 100.0, 2, 1, 0.0, 2, 200.0) == 0.0
+
+
+@settings(max_examples=100, deadline=None)
+@given(profiles(), st.floats(1.0, 2000.0, allow_nan=False), st.integers(1, 8), st.integers(1, 8))
+def test_shared_cpu_allocation_is_the_best_split_it_can_price(case, per_core, workers, cores):
+    units, prof = case
+    pool = Pool(units, shared_with_sim=True, cores=cores)
+    a = allocate(prof, pool, sim_rate=per_core * workers, sim_workers=workers)
+    assert a.gen_units + a.train_units <= units and min(a.gen_units, a.train_units) >= 1
+    best = 0.0
+    for bg in prof.batch_sizes("gen"):
+        gen = profile_curve(prof.curve("gen", bg))
+        for bt in prof.batch_sizes("train"):
+            train = profile_curve(prof.curve("train", bt))
+            for g in range(1, units):
+                for t in range(1, units - g + 1):
+                    r = shared_cpu_rate(cores, per_core, workers, g, gen(g), t, train(t))
+                    best = max(best, r)
+    assert a.throughput == best
+    # the brute-force reference takes the same path
+    assert allocate_brute_force(prof, pool, sim_rate=per_core * workers, sim_workers=workers) == a
+
+
+def test_shared_cpu_model_spares_threads_for_the_simulators():
+    # gen 1 thread 250/s, 2 threads 300/s; train 1 thread 180/s, 3 threads 240/s (scaling poorly)
+    prof = _profile(
+        gen={8: {1: 250.0, 2: 300.0, 3: 320.0}}, train={96: {1: 180.0, 2: 240.0, 3: 240.0}}
+    )
+    pool = Pool(4, shared_with_sim=True, cores=2)
+    a = allocate(prof, pool, sim_rate=460.0, sim_workers=2)
+    # every extra thread costs the simulators more CPU than it gives its stage
+    assert (a.gen_units, a.train_units) == (1, 1) and a.unused_units == 2
+    want = 2 / (1 / 230 + 1 / 250 + 1 / 180)
+    assert a.throughput == pytest.approx(want) and a.bound == "sim"
+    # the same profile on a pool of its own (a GPU's SMs): the whole pool, Algorithm 1's split
+    b = allocate(prof, Pool(4), sim_rate=460.0)
+    assert b.gen_units + b.train_units == 4 and b.unused_units == 0
+    with pytest.raises(AllocationError, match="cores"):
+        Pool(4, shared_with_sim=True, cores=0)

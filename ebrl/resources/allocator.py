@@ -15,6 +15,16 @@ need are better left to the simulators: the allocator then gives each stage the 
 keeps up with the simulators with ``headroom`` to spare (a binary search on each monotone curve),
 and leaves the rest of the pool unused.
 
+When the pool also says how many CPUs the three stages share (``Pool.cores``) and the simulators'
+worker count is known, the shared-CPU model (:func:`shared_cpu_rate`) prices every split instead:
+each decision costs the simulators ``1 / s`` core-seconds (``s``: one worker's rate on one core),
+the generator ``g / gen(g)`` and the learner ``t / train(t)`` (their threads, busy, for the time
+the profile says a decision takes), so the CPUs sustain ``cores / (1/s + g/gen(g) + t/train(t))``
+decisions/s, and no stage more than its own capacity. There a thread more for gen or train also
+takes CPU from the simulators, so the pipeline's rate is not where two monotone curves cross and
+the bisection's premise fails; the search evaluates every split, which for a pool of threads is
+a few thousand evaluations at most.
+
 At run time :class:`ElasticAllocator` fires on either of two signals held for ``window``
 consecutive steps: the stages diverge from each other by more than ``threshold`` relative to what
 the allocation planned (:class:`DivergenceMonitor`), or a stage's throughput drifts more than
@@ -62,18 +72,23 @@ class Pool:
         min_units: each stage gets at least this many.
         shared_with_sim: the pool is the simulators' own CPUs (unpinned threads on a CPU
             machine): units gen and train do not need are left unused, to the simulators.
+        cores: with ``shared_with_sim``, the CPUs gen, train and the simulators share (None:
+            unknown; the shared-CPU model needs it).
     """
 
     units: int
     unit: str = "threads"
     min_units: int = 1
     shared_with_sim: bool = False
+    cores: int | None = None
 
     def __post_init__(self) -> None:
         if self.min_units < 1 or self.units < 2 * self.min_units:
             raise AllocationError(
                 f"Pool: {self.units} {self.unit} cannot give gen and train {self.min_units} each"
             )
+        if self.cores is not None and self.cores < 1:
+            raise AllocationError(f"Pool: cores={self.cores} must be >= 1")
 
 
 @dataclass(frozen=True)
@@ -308,6 +323,29 @@ def _batches(profile: Profile, stage: str, limit: int | None) -> list[int]:
     return ok
 
 
+def shared_cpu_rate(
+    cores: int,
+    sim_per_core: float,
+    sim_workers: int,
+    gen_units: int,
+    gen_rate: float,
+    train_units: int,
+    train_rate: float,
+) -> float:
+    """Decisions/s of a pipeline whose simulators, generator and learner share ``cores`` CPUs.
+
+    Per decision the simulators need ``1 / sim_per_core`` core-seconds, the generator
+    ``gen_units / gen_rate`` (its threads, busy for ``1 / gen_rate`` seconds) and the learner
+    ``train_units / train_rate``. The CPUs sustain ``cores`` core-seconds per second; the
+    simulators cannot use more than ``min(sim_workers, cores)`` cores, and gen and train no more
+    than their profiled capacity.
+    """
+    if min(cores, sim_per_core, sim_workers, gen_rate, train_rate) <= 0:
+        return 0.0
+    demand = 1.0 / sim_per_core + gen_units / gen_rate + train_units / train_rate
+    return min(cores / demand, sim_per_core * min(sim_workers, cores), gen_rate, train_rate)
+
+
 def sim_rate(profile: Profile, workers: int, batch: int | None = None) -> float | None:
     """The simulators' decisions/s: ``workers`` times one worker's profiled rate (None: the
     profile has no ``sim`` stage, or no workers). ``batch``: the worker's env group size (the
@@ -329,6 +367,7 @@ def allocate(
     sim_rate: float | None = None,
     headroom: float = 0.15,
     sufficient: Callable[[Curve, float, int, int], tuple[int | None, int]] = first_at_least,
+    sim_workers: int | None = None,
 ) -> Allocation:
     """Algorithm 1: the split and batch sizes that maximise the pipeline's slowest stage.
 
@@ -343,6 +382,9 @@ def allocate(
         headroom: with ``pool.shared_with_sim``, the smallest shares are sized to keep up with
             ``sim_rate * (1 + headroom)`` (measurement noise, episodes of varying length).
         sufficient: :func:`first_at_least` (binary search) or its brute-force reference.
+        sim_workers: the simulators' processes; with ``pool.shared_with_sim``, ``pool.cores``
+            and ``sim_rate``, every split is priced by :func:`shared_cpu_rate` (``search`` and
+            ``sufficient`` are then unused).
 
     For each pair of batch sizes the candidates are the balanced split of the whole pool and,
     on a pool shared with the simulators, the smallest shares that keep up with them. The winner
@@ -368,6 +410,24 @@ def allocate(
             best = (key, Allocation(g, t, bg, bt, fg, ft, pool, sim_throughput=cap))
 
     lo, hi = pool.min_units, pool.units - pool.min_units
+    if pool.shared_with_sim and pool.cores and math.isfinite(cap) and sim_workers:
+        per_core = cap / sim_workers
+        for bg in _batches(profile, "gen", max_gen_batch):
+            gen = profile_curve(profile.curve("gen", bg))
+            for bt in _batches(profile, "train", max_train_batch):
+                train = profile_curve(profile.curve("train", bt))
+                for g in range(lo, hi + 1):
+                    fg = gen(g)
+                    for t in range(pool.min_units, pool.units - g + 1):
+                        ft = train(t)
+                        evals += 2
+                        rate = shared_cpu_rate(pool.cores, per_core, sim_workers, g, fg, t, ft)
+                        key = (rate, -(g + t), -bg, -bt, -divergence(fg, ft), -g)
+                        if best is None or key > best[0]:
+                            a = Allocation(g, t, bg, bt, fg, ft, pool, sim_throughput=rate)
+                            best = (key, a)
+        assert best is not None
+        return dataclasses.replace(best[1], evaluations=evals)
     for bg in _batches(profile, "gen", max_gen_batch):
         gen = profile_curve(profile.curve("gen", bg))
         for bt in _batches(profile, "train", max_train_batch):
@@ -398,6 +458,7 @@ def allocate_brute_force(
     *,
     sim_rate: float | None = None,
     headroom: float = 0.15,
+    sim_workers: int | None = None,
 ) -> Allocation:
     """Reference for tests: :func:`allocate` trying every split."""
     return allocate(
@@ -409,6 +470,7 @@ def allocate_brute_force(
         sim_rate=sim_rate,
         headroom=headroom,
         sufficient=first_at_least_brute_force,
+        sim_workers=sim_workers,
     )
 
 
@@ -647,7 +709,14 @@ class ElasticAllocator:
     def search(self, profile: Profile) -> Allocation:
         """:func:`allocate` on ``profile`` with this allocator's pool, limits and simulators."""
         rate = sim_rate(profile, self.sim_workers, self.sim_batch)
-        return allocate(profile, self.pool, *self.limits, sim_rate=rate, headroom=self.headroom)
+        return allocate(
+            profile,
+            self.pool,
+            *self.limits,
+            sim_rate=rate,
+            headroom=self.headroom,
+            sim_workers=self.sim_workers or None,
+        )
 
     def observe(
         self,

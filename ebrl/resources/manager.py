@@ -17,9 +17,10 @@ back by the staleness bound, :class:`RolloutMeter`: the simulators set it when i
 generator's capacity) and the learner's (decisions trained per second of training).
 
 The simulators are in the allocator's model: the profile has a ``sim`` stage (one env worker's
-group stepping chunks, decisions/s) when the run profiles itself, and unpinned the thread pool is
-the simulators' own CPUs (``Pool.shared_with_sim``), so threads gen and train do not need to keep
-up with the simulators are left to them.
+group stepping chunks on one core, decisions/s) when the run profiles itself, and unpinned the
+thread pool is the simulators' own CPUs (``Pool.shared_with_sim`` with the machine's cores), so
+every split is priced by the shared-CPU model (:func:`~ebrl.resources.allocator.shared_cpu_rate`):
+a thread gen or train does not need is CPU the simulators get.
 
 Nothing here touches the machine; the scheduler's workers apply what it decides
 (:mod:`ebrl.resources.apply`).
@@ -197,7 +198,9 @@ def initial_resources(
             return RunResources(
                 StageResources(s.gen_threads, None, s.gen_batch), StageResources(s.train_threads)
             )
-        pool = Pool(s.gen_threads + s.train_threads, shared_with_sim=True)
+        pool = Pool(
+            s.gen_threads + s.train_threads, shared_with_sim=True, cores=len(topology.cores)
+        )
         rate = sim_rate(profile, sim_workers, max_gen_batch)  # type: ignore[arg-type]
         alloc = allocate(
             profile,  # type: ignore[arg-type]
@@ -205,6 +208,7 @@ def initial_resources(
             max_gen_batch=max_gen_batch,
             sim_rate=rate,
             headroom=s.rebalance_threshold,
+            sim_workers=sim_workers,
         )
         return RunResources(
             StageResources(alloc.gen_units, None, alloc.gen_batch),
