@@ -104,7 +104,8 @@ class Allocation:
         train_throughput: predicted train items/s.
         pool: the pool split.
         evaluations: curve evaluations the search made (its cost).
-        sim_throughput: the simulators' rate the search assumed (inf: not modelled).
+        sim_throughput: the simulators' rate the search assumed (inf: not modelled; with the
+            shared-CPU model, what they reach on the CPU gen and train leave them).
     """
 
     gen_units: int
