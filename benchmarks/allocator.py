@@ -90,7 +90,7 @@ def compose(overrides: list[str]) -> Any:
 def profile_workload(workload: list[str], pool: int, repeats: int, path: Path) -> dict[str, Any]:
     """(a) and (b)'s choice: profile the workload's policy here; Algorithm 1 on the profile."""
     from ebrl.config import validate
-    from ebrl.resources.allocator import Pool, allocate, sim_rate
+    from ebrl.resources.allocator import Pool, allocate_with_sims, sim_rate
     from ebrl.resources.manager import (
         gen_batch_candidates,
         profile_for_run,
@@ -123,13 +123,13 @@ def profile_workload(workload: list[str], pool: int, repeats: int, path: Path) -
     workers = int(cfg.scheduler.sim_workers)
     rate = sim_rate(usable, workers, group)
     # what the run does: unpinned, the thread pool is the simulators' CPUs too
-    alloc = allocate(
+    alloc = allocate_with_sims(
         usable,
         Pool(pool, shared_with_sim=True, cores=len(os.sched_getaffinity(0))),
+        workers,
+        group,
         max_gen_batch=group,
-        sim_rate=rate,
         headroom=float(cfg.resources.rebalance_threshold),
-        sim_workers=workers,
     )
     return {
         "profile": prof,

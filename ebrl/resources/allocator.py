@@ -475,6 +475,29 @@ def allocate_brute_force(
     )
 
 
+def allocate_with_sims(
+    profile: Profile,
+    pool: Pool,
+    sim_workers: int,
+    sim_batch: int | None = None,
+    max_gen_batch: int | None = None,
+    max_train_batch: int | None = None,
+    headroom: float = 0.15,
+) -> Allocation:
+    """:func:`allocate` with the simulators' rate read from the profile's ``sim`` stage
+    (:func:`sim_rate` of ``sim_workers`` workers of ``sim_batch`` envs; none there: not
+    modelled)."""
+    return allocate(
+        profile,
+        pool,
+        max_gen_batch,
+        max_train_batch,
+        sim_rate=sim_rate(profile, sim_workers, sim_batch),
+        headroom=headroom,
+        sim_workers=sim_workers or None,
+    )
+
+
 def predict(profile: Profile, stage: str, units: int, batch: int) -> float:
     """The profile's throughput for a stage at any share (interpolated) and a profiled batch."""
     return profile_curve(profile.curve(stage, batch))(units)
@@ -708,15 +731,9 @@ class ElasticAllocator:
         log.info("initial allocation: %s", self.current.describe())
 
     def search(self, profile: Profile) -> Allocation:
-        """:func:`allocate` on ``profile`` with this allocator's pool, limits and simulators."""
-        rate = sim_rate(profile, self.sim_workers, self.sim_batch)
-        return allocate(
-            profile,
-            self.pool,
-            *self.limits,
-            sim_rate=rate,
-            headroom=self.headroom,
-            sim_workers=self.sim_workers or None,
+        """:func:`allocate_with_sims` with this allocator's pool, limits and simulators."""
+        return allocate_with_sims(
+            profile, self.pool, self.sim_workers, self.sim_batch, *self.limits, self.headroom
         )
 
     def observe(

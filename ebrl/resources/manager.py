@@ -46,8 +46,7 @@ from ebrl.resources.allocator import (
     ElasticAllocator,
     Pool,
     Reallocation,
-    allocate,
-    sim_rate,
+    allocate_with_sims,
 )
 from ebrl.resources.plan import PlanPolicy, StageRequest, cpu_plan, cpu_split, make_plan
 from ebrl.resources.profiler import Profile
@@ -201,15 +200,7 @@ def initial_resources(
         pool = Pool(
             s.gen_threads + s.train_threads, shared_with_sim=True, cores=len(topology.cores)
         )
-        rate = sim_rate(profile, sim_workers, max_gen_batch)  # type: ignore[arg-type]
-        alloc = allocate(
-            profile,  # type: ignore[arg-type]
-            pool,
-            max_gen_batch=max_gen_batch,
-            sim_rate=rate,
-            headroom=s.rebalance_threshold,
-            sim_workers=sim_workers,
-        )
+        alloc = _allocate(profile, pool, s, sim_workers, max_gen_batch)
         return RunResources(
             StageResources(alloc.gen_units, None, alloc.gen_batch),
             StageResources(alloc.train_units),
@@ -232,16 +223,24 @@ def initial_resources(
             "(resources.gen_cores/train_cores) or set resources.pin=false"
         )
     pool = Pool(len(pool_cores))
-    rate = sim_rate(profile, sim_workers, max_gen_batch)  # type: ignore[arg-type]
-    alloc = allocate(
-        profile,  # type: ignore[arg-type]
-        pool,
-        max_gen_batch=max_gen_batch,
-        sim_rate=rate,
-        headroom=s.rebalance_threshold,
-    )
+    alloc = _allocate(profile, pool, s, sim_workers, max_gen_batch)
     gen_res, train_res = split_resources(alloc, pool_cores, topology)
     return RunResources(gen_res, train_res, home, pool, pool_cores, alloc, warnings)
+
+
+def _allocate(
+    profile: Profile | None,
+    pool: Pool,
+    s: ResourceSettings,
+    sim_workers: int,
+    max_gen_batch: int | None,
+) -> Allocation:
+    """Algorithm 1 for a run: its simulators (env workers of ``max_gen_batch`` envs, from the
+    profile's ``sim`` stage) in the model, headroom the rebalance threshold."""
+    assert profile is not None  # initial_resources refuses elastic without one
+    return allocate_with_sims(
+        profile, pool, sim_workers, max_gen_batch, max_gen_batch, headroom=s.rebalance_threshold
+    )
 
 
 def split_resources(
