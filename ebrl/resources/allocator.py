@@ -786,10 +786,7 @@ class ElasticAllocator:
         cause = "; ".join(why)
         t0 = time.perf_counter()
         prof = self.profile
-        predicted = {
-            "gen": predict(prof, "gen", cur.gen_units, cur.gen_batch),
-            "train": predict(prof, "train", cur.train_units, cur.train_batch),
-        }
+        predicted = {"gen": pg, "train": pt}  # at the current split, before any rescaling
         measured = {"gen": mg, "train": mt}
         if math.isfinite(ms) and math.isfinite(cur.sim_throughput) and ms < mg * (1 - th):
             # the rollout ran below the generator's capacity: the simulators set it
