@@ -538,7 +538,31 @@ def stage_requests(
 
 
 # --- run time ---------------------------------------------------------------------------------
-class DivergenceMonitor:
+class _Window:
+    """A streak of steps past ``threshold``; fires after ``window`` of them, then starts over."""
+
+    def __init__(self, threshold: float, window: int) -> None:
+        if not 0.0 <= threshold < 1.0 or window < 1:
+            raise ValueError(
+                f"{type(self).__name__}: threshold={threshold} must be in [0, 1), "
+                f"window={window} >= 1"
+            )
+        self.threshold = threshold
+        self.window = window
+        self.streak = 0
+        self.last = 0.0
+
+    def _count(self, value: float) -> bool:
+        """Record this step's value; True when it completes a window past the threshold."""
+        self.last = value
+        self.streak = self.streak + 1 if value > self.threshold else 0
+        if self.streak >= self.window:
+            self.streak = 0
+            return True
+        return False
+
+
+class DivergenceMonitor(_Window):
     """Fires when gen and train throughputs diverge for ``window`` consecutive steps.
 
     Divergence is :func:`divergence`: ``(max - min) / max``. A step within the threshold resets
@@ -550,29 +574,17 @@ class DivergenceMonitor:
     """
 
     def __init__(self, threshold: float = 0.15, window: int = 20) -> None:
-        if not 0.0 <= threshold < 1.0 or window < 1:
-            raise ValueError(
-                f"DivergenceMonitor: threshold={threshold} must be in [0, 1), window={window} >= 1"
-            )
-        self.threshold = threshold
-        self.window = window
-        self.streak = 0
-        self.last = 0.0
+        super().__init__(threshold, window)
 
     def update(self, gen_throughput: float, train_throughput: float) -> bool:
         """Feed one step's throughputs; True when this step completes a divergent window."""
-        self.last = divergence(gen_throughput, train_throughput)
-        self.streak = self.streak + 1 if self.last > self.threshold else 0
-        if self.streak >= self.window:
-            self.streak = 0
-            return True
-        return False
+        return self._count(divergence(gen_throughput, train_throughput))
 
     def reset(self) -> None:
         self.streak = 0
 
 
-class DriftMonitor:
+class DriftMonitor(_Window):
     """Fires when a stage's throughput drifts from its own level for ``window`` consecutive steps.
 
     Each stage's level is the mean of its first ``window`` observations after a (re)start, i.e.
@@ -587,14 +599,7 @@ class DriftMonitor:
     """
 
     def __init__(self, threshold: float = 0.15, window: int = 20) -> None:
-        if not 0.0 <= threshold < 1.0 or window < 1:
-            raise ValueError(
-                f"DriftMonitor: threshold={threshold} must be in [0, 1), window={window} >= 1"
-            )
-        self.threshold = threshold
-        self.window = window
-        self.streak = 0
-        self.last = 0.0
+        super().__init__(threshold, window)
         self.stage = ""
         self.levels: dict[str, float] = {}
         self._seen: dict[str, list[float]] = {}
@@ -618,12 +623,8 @@ class DriftMonitor:
             d = abs(x / level - 1.0)
             if d > drift:
                 drift, worst = d, name
-        self.last, self.stage = drift, worst
-        self.streak = self.streak + 1 if drift > self.threshold else 0
-        if self.streak >= self.window:
-            self.streak = 0
-            return True
-        return False
+        self.stage = worst
+        return self._count(drift)
 
     def reset(self) -> None:
         self.streak = 0
