@@ -623,6 +623,23 @@ class CheckpointConfig:
 
 
 @dataclass
+class InjectConfig:
+    """Synthetic extra load on a stage, for the allocator's slowdown study (off by default).
+
+    The simulator's own slowdown lives in ``simulator=synthetic`` (``slowdown_*``); this one is
+    the learner's: a heavier update (as a larger model or longer trajectories would make it), with
+    the algorithm and its results unchanged.
+    """
+
+    #: from the update that starts at this learner version on, every update also runs
+    #: ``train_extra_epochs`` forward-backward passes over its segment (None: never)
+    train_after_updates: int | None = None
+    #: extra forward-backward passes per update, gradients discarded; they run on the learner's
+    #: torch threads, so more threads make them faster, as they do the real update
+    train_extra_epochs: int = 0
+
+
+@dataclass
 class EvalConfig:
     #: episodes of the final weights to run after training (0: no evaluation); see ebrl.evaluate
     episodes: int = 0
@@ -648,6 +665,7 @@ class RunConfig:
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    inject: InjectConfig = field(default_factory=InjectConfig)
     #: issue 6: accelerator type, stage resource split, where jobs run
     gpu: GPUNode = field(default_factory=GPUNode)
     resources: ResourcesNode = field(default_factory=ResourcesNode)
@@ -730,6 +748,13 @@ def validate(cfg: DictConfig, machine: MachineFacts | None = None) -> RunConfig:
     )
     _check(run.budget.env_steps > 0, "budget.env_steps must be > 0")
     _check(run.threads.gen >= 1 and run.threads.train >= 1, "threads.gen/train must be >= 1")
+    inj = run.inject
+    _check(
+        inj.train_extra_epochs >= 0
+        and (inj.train_after_updates is None or inj.train_after_updates >= 0),
+        f"inject.train_extra_epochs={inj.train_extra_epochs} and inject.train_after_updates="
+        f"{inj.train_after_updates}: must be >= 0",
+    )
     _check(run.warmup_iters >= 0, "warmup_iters must be >= 0")
     _check(
         run.eval.episodes >= 0 and run.eval.num_envs >= 1 and run.eval.every_iters >= 0,

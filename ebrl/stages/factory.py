@@ -106,4 +106,6 @@ class StageFactory:
             every=self.checkpoint_every,
             snapshots=self.snapshots,
             snapshot_every=self.snapshot_every,
+            extra_after=self.cfg.get("inject", {}).get("train_after_updates"),
+            extra_epochs=int(self.cfg.get("inject", {}).get("train_extra_epochs", 0)),
         )

@@ -30,6 +30,10 @@ class TrainStage:
             (``v<version>.pt``: version and policy only), for evaluating the learning curve
             after the run without spending the run's CPU on it (None: keep none).
         snapshot_every: updates between snapshots.
+        extra_after: injected load (``inject.*``): from the update that starts at this learner
+            version on, each update also runs ``extra_epochs`` forward-backward passes over its
+            segment, gradients discarded (None: never).
+        extra_epochs: passes per update of the injected load.
     """
 
     def __init__(
@@ -40,6 +44,8 @@ class TrainStage:
         every: int = 1,
         snapshots: str | Path | None = None,
         snapshot_every: int = 1,
+        extra_after: int | None = None,
+        extra_epochs: int = 0,
     ) -> None:
         self.algo = algo
         self.threads = threads
@@ -47,6 +53,8 @@ class TrainStage:
         self.every = max(1, every)
         self.snapshots = Path(snapshots) if snapshots else None
         self.snapshot_every = max(1, snapshot_every)
+        self.extra_after = extra_after
+        self.extra_epochs = extra_epochs
 
     @property
     def version(self) -> int:
@@ -58,7 +66,11 @@ class TrainStage:
             torch.set_num_threads(self.threads)
         self.algo.policy.train()
         hist = torch.bincount(seg.staleness(self.version).flatten().clamp(min=0))  # [max + 1]
+        loaded = self.extra_after is not None and self.version >= self.extra_after
         metrics = self.algo.update(seg)
+        if loaded and self.extra_epochs > 0:
+            extra_passes(self.algo.policy, seg, self.extra_epochs)
+        metrics["train/injected_load"] = float(loaded and self.extra_epochs > 0)
         # the staleness histogram: fraction of this segment's decisions v versions old
         for v, count in enumerate(hist.tolist()):
             metrics[f"pipeline/staleness_frac_{v}"] = count / max(1, seg.policy_version.numel())
@@ -70,6 +82,18 @@ class TrainStage:
 
     def weights(self) -> tuple[int, dict[str, torch.Tensor]]:
         return self.algo.policy.get_weights()
+
+
+def extra_passes(policy: Policy, seg: Segment, passes: int) -> None:
+    """Injected learner load: ``passes`` forward-backward passes of the policy over the segment's
+    decisions, gradients thrown away. The weights, the optimiser and every random state are left
+    as they were, so the run learns exactly as without it, only more slowly."""
+    obs = seg.obs.flatten(0, 1)  # [T*N, O]
+    actions = seg.actions.flatten(0, 1)  # [T*N, K, A]
+    for _ in range(passes):
+        ev = policy.evaluate(obs, actions)
+        (ev.logprob.sum() + ev.entropy.sum() + ev.value.sum()).backward()
+        policy.zero_grad(set_to_none=True)
 
 
 def save_learner(path: Path, algo: Algorithm) -> None:
