@@ -12,10 +12,14 @@ On ManiSkill PushCube-v1 with the VLA-shaped transformer (``policy=transformer_l
     >= 0.95);
 (c) EBRL with the elastic allocator (its choice, and run-time rebalancing) against EBRL with a
     naive even split (half the pool each, the scheduler's default batch), paired over seeds;
-(d) a slowdown injected mid-run: the synthetic simulator's step cost (``step_cost_ms`` ~ one
-    PushCube step) multiplied after a set number of steps; when the reallocation fired against the
-    configured window, and per-update throughput before and after, for the elastic allocator and
-    the static even split.
+(d) a slowdown injected mid-run into one stage (``--slow-stage``, both by default), on the
+    synthetic simulator at about one PushCube step's cost (``step_cost_ms``):
+    - ``sim``: each env's step cost multiplied (``--slow-factor``) after a set number of steps;
+    - ``train``: from a set update on, every update also runs ``--slow-epochs`` forward-backward
+      passes over its segment (``inject.train_*``: a heavier learner, the algorithm unchanged);
+    when the reallocation fired against the configured window, and per-update throughput before
+    and after, for the elastic allocator and the static even split. ``--only-slowdown`` runs (d)
+    alone.
 
 The pool gen and train split is torch threads (``resources.gen_threads + train_threads``), the
 CPU analogue of the SM split. ``--pool`` sets it; the default is two threads per core (4 on 2
@@ -181,9 +185,14 @@ def train_run(
     return s
 
 
+#: (d): the config name prefix of each stage's slowdown runs (``<prefix>-even``, ``-elastic``)
+SLOW_PREFIX = {"sim": "slow", "train": "slowtrain"}
+
+
 def iterations_for(overrides: list[str], args: Any) -> int:
     """(d)'s runs are longer: they need room before and after the slowdown."""
-    if any(o.startswith("simulator.slowdown_after_steps=") for o in overrides):
+    starts = ("simulator.slowdown_after_steps=", "inject.train_after_updates=")
+    if any(o.startswith(starts) for o in overrides):
         return args.slow_at + args.patience + args.after
     return args.iterations
 
@@ -266,16 +275,22 @@ def reanalyse(folder: Path) -> None:
     print("\n".join(grid_noise(rows, grid, m.group(1))))
 
 
-def slowdown_table(drows: list[dict], args: Any) -> list[str]:
+def slowdown_table(drows: list[dict], args: Any, stage: str = "sim") -> list[str]:
     """(d): when the trigger fired against the window, and per-update throughput around it.
 
     Windows (updates): before = [warmup, slowdown - 1), clear of the slowdown (with overlap the
     rollout runs a segment ahead of training); slowed = [slowdown, first firing]; after = the
     rest. A static run takes the windows of the elastic run of its seed.
     """
+    what = (
+        f"x{args.slow_factor} of the simulator"
+        if stage == "sim"
+        else f"of the learner (+{args.slow_epochs} forward-backward passes per update)"
+    )
+    twin_name = f"{SLOW_PREFIX[stage]}-elastic"
     lines = [
         "",
-        f"## (d) slowdown x{args.slow_factor} of the simulator from update {args.slow_at} "
+        f"## (d) slowdown {what} from update {args.slow_at} "
         f"(patience {args.patience}, threshold {args.threshold:.0%})",
         "",
         "The elastic runs profile their policy at start (no stored profile for this workload).",
@@ -287,9 +302,7 @@ def slowdown_table(drows: list[dict], args: Any) -> list[str]:
     ]
     for x in drows:
         tp = x["per_update"]
-        twin = next(
-            (y for y in drows if y["seed"] == x["seed"] and y["config"] == "slow-elastic"), x
-        )
+        twin = next((y for y in drows if y["seed"] == x["seed"] and y["config"] == twin_name), x)
         late = [m for m in twin["reallocations"] if m["step"] >= args.slow_at]
         cut = max(args.slow_at + 1, late[0]["step"] + 1 if late else len(tp))
         fired = ", ".join(
@@ -322,58 +335,16 @@ def slowdown_table(drows: list[dict], args: Any) -> list[str]:
     return lines
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--seeds", default="0,1,2")
-    ap.add_argument("--iterations", type=int, default=8, help="updates per run of (b) and (c)")
-    ap.add_argument("--warmup", type=int, default=3)
-    ap.add_argument(
-        "--pool", type=int, default=None, help="threads gen and train split (default: 2 per core)"
-    )
-    ap.add_argument("--patience", type=int, default=3, help="resources.rebalance_patience")
-    ap.add_argument("--threshold", type=float, default=0.15, help="resources.rebalance_threshold")
-    ap.add_argument(
-        "--slow-at",
-        type=int,
-        default=10,
-        help="(d): update the slowdown starts in (room after the warm-up for a first firing "
-        "that recalibrates the profile, then a window that sets the stages' drift levels)",
-    )
-    ap.add_argument("--slow-factor", type=float, default=3.0, help="(d): step cost multiplier")
-    ap.add_argument("--after", type=int, default=6, help="(d): updates after the window")
-    ap.add_argument("--repeats", type=int, default=3, help="profiler repeats per point")
-    ap.add_argument("--experiment", default="bench-alloc", help="MLflow experiment")
-    ap.add_argument("--quick", action="store_true", help="smoke version, nothing written")
-    ap.add_argument("--no-slowdown", action="store_true", help="(a)-(c) only, no (d)")
-    ap.add_argument(
-        "--reanalyse",
-        metavar="DIR",
-        help="run nothing: print (b)'s noise analysis from an earlier result folder's runs.csv",
-    )
-    ap.add_argument(
-        "--out", default=str(ROOT / "results" / "allocator" / time.strftime("%Y-%m-%d"))
-    )
-    args = ap.parse_args()
-    if args.reanalyse:
-        reanalyse(Path(args.reanalyse))
-        return
-    vk = ROOT / ".cache" / "vulkan" / "lvp_icd.json"
-    if vk.exists():  # SAPIEN's CPU Vulkan driver, as the Makefile sets it
-        os.environ.setdefault("VK_ICD_FILENAMES", str(vk))
-    if args.quick:
-        args.seeds, args.iterations, args.warmup, args.repeats = "0", 3, 1, 1
-        args.patience, args.slow_at, args.after = 2, 3, 2
-    seeds = [int(s) for s in args.seeds.split(",")]
-    pool = args.pool or 2 * len(os.sched_getaffinity(0))
-    if pool < 2:
-        raise SystemExit(f"--pool {pool}: gen and train need at least one thread each")
-    workload = QUICK_WORKLOAD if args.quick else WORKLOAD
-    slow_workload = QUICK_WORKLOAD if args.quick else SLOW_WORKLOAD
-    args.extra = ["scheduler.backend=inprocess"] if args.quick else []
-    out = Path(tempfile.mkdtemp(prefix="bench-alloc-")) if args.quick else Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    t_all = time.time()
-
+def profile_and_grid(
+    args: Any,
+    seeds: list[int],
+    pool: int,
+    workload: list[str],
+    elastic_base: list[str],
+    out: Path,
+) -> tuple[list[str], list[dict], dict[str, list[str]]]:
+    """(a) the profile and the allocator's choice, (b) the grid of splits, (c) elastic against
+    even: the report's lines, every run and the configurations they ran."""
     # (a) + the allocator's choice ------------------------------------------------------------
     print(f"(a) profiling gen and train on threads 1..{pool - 1} ...", flush=True)
     prof_path = out / "profile.json"
@@ -402,13 +373,7 @@ def main() -> None:
 
     # (b) grid, (c) elastic vs even: one loop, seed-major ------------------------------------
     even = pool // 2
-    elastic = [
-        *split(even, pool - even),
-        "resources.allocator=elastic",
-        f"resources.profile={prof_path}",
-        f"resources.rebalance_patience={args.patience}",
-        f"resources.rebalance_threshold={args.threshold}",
-    ]
+    elastic = [*elastic_base, f"resources.profile={prof_path}"]
     # --quick: every split at the chosen batch only (a smoke test of the machinery)
     batches = [alloc.gen_batch] if args.quick else p["gen_batches"]
     splits = [(g, t) for g in range(1, pool) for t in range(1, pool - g + 1)]
@@ -460,26 +425,115 @@ def main() -> None:
     rc = ratio_ci(by_config(rows, "elastic"), by_config(rows, "even"))
     lines += ["", f"elastic / even: {rc.fmt('.3f')} (paired over seeds)"]
     print("\n".join(lines[b_start:]), flush=True)
+    return lines, rows, configs
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--seeds", default="0,1,2")
+    ap.add_argument("--iterations", type=int, default=8, help="updates per run of (b) and (c)")
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument(
+        "--pool", type=int, default=None, help="threads gen and train split (default: 2 per core)"
+    )
+    ap.add_argument("--patience", type=int, default=3, help="resources.rebalance_patience")
+    ap.add_argument("--threshold", type=float, default=0.15, help="resources.rebalance_threshold")
+    ap.add_argument(
+        "--slow-at",
+        type=int,
+        default=10,
+        help="(d): update the slowdown starts in (room after the warm-up for a first firing "
+        "that recalibrates the profile, then a window that sets the stages' drift levels)",
+    )
+    ap.add_argument(
+        "--slow-stage",
+        default="sim,train",
+        help="(d): the stages to slow down, one pair of runs per seed each (sim, train)",
+    )
+    ap.add_argument("--slow-factor", type=float, default=3.0, help="(d) sim: step cost multiplier")
+    ap.add_argument(
+        "--slow-epochs",
+        type=int,
+        default=4,
+        help="(d) train: extra forward-backward passes per update (the workload's update runs 2 "
+        "epochs, so 4 about triples the learner's work)",
+    )
+    ap.add_argument("--only-slowdown", action="store_true", help="(d) only, no (a)-(c)")
+    ap.add_argument("--after", type=int, default=6, help="(d): updates after the window")
+    ap.add_argument("--repeats", type=int, default=3, help="profiler repeats per point")
+    ap.add_argument("--experiment", default="bench-alloc", help="MLflow experiment")
+    ap.add_argument("--quick", action="store_true", help="smoke version, nothing written")
+    ap.add_argument("--no-slowdown", action="store_true", help="(a)-(c) only, no (d)")
+    ap.add_argument(
+        "--reanalyse",
+        metavar="DIR",
+        help="run nothing: print (b)'s noise analysis from an earlier result folder's runs.csv",
+    )
+    ap.add_argument(
+        "--out", default=str(ROOT / "results" / "allocator" / time.strftime("%Y-%m-%d"))
+    )
+    args = ap.parse_args()
+    if args.reanalyse:
+        reanalyse(Path(args.reanalyse))
+        return
+    vk = ROOT / ".cache" / "vulkan" / "lvp_icd.json"
+    if vk.exists():  # SAPIEN's CPU Vulkan driver, as the Makefile sets it
+        os.environ.setdefault("VK_ICD_FILENAMES", str(vk))
+    if args.quick:
+        args.seeds, args.iterations, args.warmup, args.repeats = "0", 3, 1, 1
+        args.patience, args.slow_at, args.after = 2, 3, 2
+    seeds = [int(s) for s in args.seeds.split(",")]
+    pool = args.pool or 2 * len(os.sched_getaffinity(0))
+    if pool < 2:
+        raise SystemExit(f"--pool {pool}: gen and train need at least one thread each")
+    workload = QUICK_WORKLOAD if args.quick else WORKLOAD
+    slow_workload = QUICK_WORKLOAD if args.quick else SLOW_WORKLOAD
+    args.extra = ["scheduler.backend=inprocess"] if args.quick else []
+    out = Path(tempfile.mkdtemp(prefix="bench-alloc-")) if args.quick else Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    t_all = time.time()
+
+    even = pool // 2
+    static = split(even, pool - even)
+    elastic_base = [
+        *static,
+        "resources.allocator=elastic",
+        f"resources.rebalance_patience={args.patience}",
+        f"resources.rebalance_threshold={args.threshold}",
+    ]
+    lines: list[str] = []
+    rows: list[dict] = []
+    configs: dict[str, list[str]] = {}
+    if not args.only_slowdown:
+        lines, rows, configs = profile_and_grid(args, seeds, pool, workload, elastic_base, out)
 
     # (d) slowdown mid-run --------------------------------------------------------------------
     drows: list[dict] = []
-    static = split(even, pool - even)
-    slow_elastic = [e for e in elastic if not e.startswith("resources.profile=")]
-    slow: list[str] = []
-    if not args.no_slowdown:
-        slow, drows = slowdown_runs(args, seeds, static, slow_elastic, slow_workload, out)
-        lines += slowdown_table(drows, args)
+    slow_elastic = elastic_base  # no stored profile: each run profiles itself at start
+    slow: dict[str, list[str]] = {}
+    stages = [] if args.no_slowdown else [x for x in args.slow_stage.split(",") if x]
+    for stage in stages:
+        if stage not in SLOW_PREFIX:
+            raise SystemExit(f"--slow-stage {stage}: must be one of {', '.join(SLOW_PREFIX)}")
+        slow[stage], d = slowdown_runs(args, seeds, static, slow_elastic, slow_workload, out, stage)
+        drows += d
+        lines += slowdown_table(d, args, stage)
     table = "\n".join(lines)
     print(f"\ntotal {(time.time() - t_all) / 60:.1f} min")
     if args.quick:
         shutil.rmtree(out, ignore_errors=True)
         return
+    slow_configs = {
+        f"{SLOW_PREFIX[st]}-{kind}": ov
+        for st in slow
+        for kind, ov in (("even", static), ("elastic", slow_elastic))
+    }
     prov = provenance(
         seeds,
-        workload=workload,
-        slow_workload=None if args.no_slowdown else slow_workload,
+        workload=None if args.only_slowdown else workload,
+        slow_workload=slow_workload if slow else None,
         pool=pool,
-        configs={**configs, "slow-even": static, "slow-elastic": slow_elastic},
+        configs={**configs, **slow_configs},
         slowdown=slow,
         iterations=args.iterations,
         warmup=args.warmup,
@@ -505,24 +559,33 @@ def slowdown_runs(
     slow_elastic: list[str],
     slow_workload: list[str],
     out: Path,
+    stage: str = "sim",
 ) -> tuple[list[str], list[dict]]:
-    """(d)'s runs: the static even split and the elastic allocator, the simulator slowed."""
-    cfg = compose([*slow_workload, *EBRL])
-    steps_per_update = (int(cfg.rollout_steps) // int(cfg.chunk_size)) * int(cfg.chunk_size)
-    slow = [
-        f"simulator.slowdown_after_steps={args.slow_at * steps_per_update}",
-        f"simulator.slowdown_factor={args.slow_factor}",
-    ]
+    """(d)'s runs for one slowed stage: the static even split and the elastic allocator."""
+    if stage == "sim":
+        cfg = compose([*slow_workload, *EBRL])
+        steps_per_update = (int(cfg.rollout_steps) // int(cfg.chunk_size)) * int(cfg.chunk_size)
+        slow = [
+            f"simulator.slowdown_after_steps={args.slow_at * steps_per_update}",
+            f"simulator.slowdown_factor={args.slow_factor}",
+        ]
+        what = f"x{args.slow_factor} of the simulator"
+    else:  # the learner: the update that starts at version slow_at is the first slowed one
+        slow = [
+            f"inject.train_after_updates={args.slow_at}",
+            f"inject.train_extra_epochs={args.slow_epochs}",
+        ]
+        what = f"of the learner (+{args.slow_epochs} passes per update)"
     print(
-        f"\n(d) slowdown x{args.slow_factor} from update {args.slow_at} "
-        f"(patience {args.patience}) ...",
+        f"\n(d) slowdown {what} from update {args.slow_at} (patience {args.patience}) ...",
         flush=True,
     )
+    prefix = SLOW_PREFIX[stage]
     drows = []
     for s in seeds:
-        for name, ov in (("slow-even", static), ("slow-elastic", slow_elastic)):
-            drows.append(train_run(name, slow_workload, [*ov, *slow], s, args, out))
-    print("\n".join(slowdown_table(drows, args)))
+        for kind, ov in (("even", static), ("elastic", slow_elastic)):
+            drows.append(train_run(f"{prefix}-{kind}", slow_workload, [*ov, *slow], s, args, out))
+    print("\n".join(slowdown_table(drows, args, stage)))
     return slow, drows
 
 
