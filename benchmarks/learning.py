@@ -78,6 +78,19 @@ CONFIGS: dict[str, tuple[list[str], int]] = {
     },
     # K=4 under the synchronous schedule with twice the budget (its curves still rise at 200k)
     "k4-400k": ([*K4, *SYNC], 400_000),
+    # EBRL (all three levels, k=1) with single actions, against k1: four times the generator
+    # calls of K=4, so generation is worth overlapping with the MLP policy too, and k1's seeds
+    # agree closely enough to tell "within 5 points" from noise
+    "ebrl-k1": (
+        [
+            "policy=mlp",
+            "chunk_size=1",
+            "scheduler=ebrl",
+            "scheduler.staleness=1",
+            "threads.train=1",
+        ],
+        150_000,
+    ),
 }
 #: the synchronous configuration each other one is compared with (same actions, same budget)
 REFERENCE: dict[str, str] = {
