@@ -3,6 +3,7 @@ and drift triggers, reallocation records."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 
@@ -240,10 +241,32 @@ def test_elastic_allocator_records_an_unchanged_split():
     assert rs[:2] == [None, None]
     r = rs[-1]
     assert r is not None and not r.changed and "drifted more than 15%" in r.cause
-    # the means over the window (three steps at half) shifted both curves alike, by blend 0.5
-    f = 0.5 + 0.5 * 0.5
+    # both drifted: their curves take the window's means (three steps at half) as measured,
+    # not blended with the profile (a window away from a stage's own level is a new level)
+    f = 0.5
     assert ea.profile.throughput("gen", 8, 32) == pytest.approx(1600.0 * f)
     assert ea.profile.throughput("train", 8, 256) == pytest.approx(800.0 * f)
+
+
+def test_a_drift_is_taken_in_full_and_a_divergence_is_blended():
+    ea = ElasticAllocator(LINEAR, Pool(8), DivergenceMonitor(0.15, window=3), blend=0.5)
+    cur = ea.current
+    g = predict(LINEAR, "gen", cur.gen_units, cur.gen_batch)
+    t = predict(LINEAR, "train", cur.train_units, cur.train_batch)
+    # levels set 20% under the plan (a divergence too, which fires and blends)
+    rs = [ea.observe(g, t * 0.8) for _ in range(3)]
+    assert rs[-1] is not None and "diverged" in rs[-1].cause and "drifted" not in rs[-1].cause
+    assert ea.profile.throughput("train", 8, 256) == pytest.approx(800.0 * 0.9)
+    assert ea.profile.throughput("gen", 8, 32) == pytest.approx(1600.0)
+    assert ea.drift.levels == {"gen": g, "train": t * 0.8}
+    # the learner then slows to a third of its level: a drift; its curve takes the measurement
+    before = ea.profile.throughput("train", 8, 256)
+    pt = predict(ea.profile, "train", ea.current.train_units, ea.current.train_batch)
+    rs = [ea.observe(g, t * 0.8 / 3) for _ in range(3)]
+    r = rs[-1]
+    assert r is not None and "train drifted" in r.cause
+    assert ea.profile.throughput("train", 8, 256) == pytest.approx(before * (t * 0.8 / 3) / pt)
+    assert ea.profile.throughput("gen", 8, 32) == pytest.approx(1600.0)  # as planned: unscaled
 
 
 # --- the simulators in the model --------------------------------------------------------------
@@ -387,8 +410,26 @@ def test_shared_cpu_rate_by_hand():
     assert shared_cpu_rate(2, 100.0, 2, 1, 0.0, 2, 200.0) == 0.0
 
 
+@st.composite
+def profiles_with_busy_cores(draw):
+    """:func:`profiles`, each point's busy cores drawn too (some not measured)."""
+    units, prof = draw(profiles())
+    pts = [
+        dataclasses.replace(
+            p, busy_cores=draw(st.one_of(st.none(), st.floats(0.05, float(p.share))))
+        )
+        for p in prof.points
+    ]
+    return units, dataclasses.replace(prof, points=pts)
+
+
 @settings(max_examples=100, deadline=None)
-@given(profiles(), st.floats(1.0, 2000.0, allow_nan=False), st.integers(1, 8), st.integers(1, 8))
+@given(
+    profiles_with_busy_cores(),
+    st.floats(1.0, 2000.0, allow_nan=False),
+    st.integers(1, 8),
+    st.integers(1, 8),
+)
 def test_shared_cpu_allocation_is_the_best_split_it_can_price(case, per_core, workers, cores):
     units, prof = case
     pool = Pool(units, shared_with_sim=True, cores=cores)
@@ -403,11 +444,37 @@ def test_shared_cpu_allocation_is_the_best_split_it_can_price(case, per_core, wo
             train = profile_curve(prof.curve("train", bt))
             for g in range(1, units):
                 for t in range(1, units - g + 1):
-                    r = shared_cpu_rate(cores, per_core, workers, g, gen(g), t, train(t))
+                    r = shared_cpu_rate(
+                        cores,
+                        per_core,
+                        workers,
+                        prof.busy("gen", g, bg),
+                        gen(g),
+                        prof.busy("train", t, bt),
+                        train(t),
+                    )
                     best = max(best, r)
     assert a.throughput == best
     # the brute-force reference takes the same path
     assert allocate_brute_force(prof, pool, sim_rate=rate, sim_workers=workers) == a
+
+
+def test_shared_cpu_model_prices_the_cores_a_stage_keeps_busy():
+    # sims 200/s per core (5 ms), gen 1 thread 500/s (2 ms); the learner is the slow stage:
+    # 1 thread 100/s, 2 threads 150/s
+    gen = ProfilePoint("gen", 1, 8, 500.0, busy_cores=1.0)
+    t1 = ProfilePoint("train", 1, 96, 100.0, busy_cores=1.0)
+    t2 = ProfilePoint("train", 2, 96, 150.0)
+    pool = Pool(3, shared_with_sim=True, cores=2)
+    # 2 learner threads counted as 2 busy cores: 2 / (5 + 2 + 13.3 ms) = 98.4/s < 100/s at 1
+    a = allocate(Profile([gen, t1, t2]), pool, sim_rate=400.0, sim_workers=2)
+    assert (a.gen_units, a.train_units) == (1, 1) and a.throughput == pytest.approx(100.0)
+    # measured: the 2 threads keep 1.1 cores busy (they sleep at synchronisation points), so
+    # the second thread is worth its CPU: 2 / (5 + 2 + 7.3 ms) = 139.5/s
+    t2 = dataclasses.replace(t2, busy_cores=1.1)
+    a = allocate(Profile([gen, t1, t2]), pool, sim_rate=400.0, sim_workers=2)
+    assert (a.gen_units, a.train_units) == (1, 2)
+    assert a.throughput == pytest.approx(2 / (1 / 200 + 1 / 500 + 1.1 / 150))
 
 
 def test_shared_cpu_model_spares_threads_for_the_simulators():

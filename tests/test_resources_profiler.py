@@ -47,6 +47,34 @@ def test_profile_times_steps_and_records_its_context():
     assert p.created and p.machine["cpus_allowed"] == len(os.sched_getaffinity(0))
 
 
+def test_profile_measures_the_cores_a_stage_keeps_busy(tmp_path):
+    def stage_fn(share: int, batch: int):
+        def step() -> float:
+            if share == 1:  # waits: no CPU
+                time.sleep(0.01)
+            else:  # burns one core
+                end = time.perf_counter() + 0.01
+                while time.perf_counter() < end:
+                    pass
+            return float(batch)
+
+        return step
+
+    p = profile(stage_fn, [1, 2], [10], repeats=3, stage="fake")
+    asleep, burning = p.busy("fake", 1, 10), p.busy("fake", 2, 10)
+    assert asleep < 0.2 < 0.5 < burning <= 1.2
+    # kept through a save, and through runtime rescaling (a slower stage is as busy as before)
+    back = Profile.load(p.save(tmp_path / "p.json"))
+    assert back.busy("fake", 2, 10) == burning
+    assert p.scaled("fake", 0.5).busy("fake", 2, 10) == burning
+    # a profile from before busy cores were measured, or a share never profiled: the share
+    old = Profile.from_dict(
+        {"points": [{"stage": "gen", "share": 3, "batch_size": 8, "throughput": 1.0}]}
+    )
+    assert old.points[0].busy_cores is None and old.busy("gen", 3, 8) == 3.0
+    assert p.busy("fake", 4, 10) == 4.0
+
+
 def test_tiny_cpu_profile_with_the_mlp_policy(tmp_path):
     threads = torch.get_num_threads()
     before = os.sched_getaffinity(0)

@@ -328,18 +328,20 @@ def shared_cpu_rate(
     cores: int,
     sim_per_core: float,
     sim_workers: int,
-    gen_units: int,
+    gen_units: float,
     gen_rate: float,
-    train_units: int,
+    train_units: float,
     train_rate: float,
 ) -> float:
     """Decisions/s of a pipeline whose simulators, generator and learner share ``cores`` CPUs.
 
     Per decision the simulators need ``1 / sim_per_core`` core-seconds, the generator
-    ``gen_units / gen_rate`` (its threads, busy for ``1 / gen_rate`` seconds) and the learner
-    ``train_units / train_rate``. The CPUs sustain ``cores`` core-seconds per second; the
-    simulators cannot use more than ``min(sim_workers, cores)`` cores, and gen and train no more
-    than their profiled capacity.
+    ``gen_units / gen_rate`` (the cores it keeps busy, for ``1 / gen_rate`` seconds) and the
+    learner ``train_units / train_rate``. ``gen_units`` and ``train_units`` are busy cores, not
+    threads: the profile's :meth:`~ebrl.resources.profiler.Profile.busy` (a thread waiting at a
+    synchronisation point sleeps), the thread count where it was not measured. The CPUs
+    sustain ``cores`` core-seconds per second; the simulators cannot use more than
+    ``min(sim_workers, cores)`` cores, and gen and train no more than their profiled capacity.
     """
     if min(cores, sim_per_core, sim_workers, gen_rate, train_rate) <= 0:
         return 0.0
@@ -422,7 +424,15 @@ def allocate(
                     for t in range(pool.min_units, pool.units - g + 1):
                         ft = train(t)
                         evals += 2
-                        rate = shared_cpu_rate(pool.cores, per_core, sim_workers, g, fg, t, ft)
+                        rate = shared_cpu_rate(
+                            pool.cores,
+                            per_core,
+                            sim_workers,
+                            profile.busy("gen", g, bg),
+                            fg,
+                            profile.busy("train", t, bt),
+                            ft,
+                        )
                         key = (rate, -(g + t), -bg, -bt, -divergence(fg, ft), -g)
                         if best is None or key > best[0]:
                             a = Allocation(g, t, bg, bt, fg, ft, pool, sim_throughput=rate)
@@ -681,6 +691,9 @@ class ElasticAllocator:
     allocation (``drift``). On firing, each stage's curve in the profile is scaled by
     ``(1 - blend) + blend * measured / predicted`` at the current operating point: the whole
     curve shifts (episodes got shorter, a simulator slowed down), keeping its measured shape.
+    A stage that drifted (its window mean away from its own level by more than ``threshold``)
+    is scaled by ``measured / predicted`` in full: a window of steps away from its level is a
+    new level, not noise to damp.
     The simulators' curve is scaled only when the rollout ran below the generator's capacity
     (else the rollout says nothing about them).
 
@@ -792,9 +805,21 @@ class ElasticAllocator:
         if math.isfinite(ms) and math.isfinite(cur.sim_throughput) and ms < mg * (1 - th):
             # the rollout ran below the generator's capacity: the simulators set it
             predicted["sim"], measured["sim"] = cur.sim_throughput, ms
+        # the stages whose window mean left their own level (every one of them, not only the
+        # worst of the firing step)
+        moved = {
+            k
+            for k, level in self.drift.levels.items()
+            if drifted and k in measured and abs(measured[k] / level - 1.0) > th
+        }
         for stage, p in predicted.items():
             if p > 0 and math.isfinite(measured[stage]):
-                prof = prof.scaled(stage, (1 - self.blend) + self.blend * measured[stage] / p)
+                # a stage that drifted from its own level for a whole window has a new level:
+                # taken as measured (blended, one firing would move the model only halfway, and
+                # the split could stay wrong until the next window); a divergence from the plan
+                # is blended with the profile
+                w = 1.0 if stage in moved else self.blend
+                prof = prof.scaled(stage, (1 - w) + w * measured[stage] / p)
         self.profile = prof
         new = self.search(prof)
         r = Reallocation(

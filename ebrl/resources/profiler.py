@@ -51,6 +51,11 @@ class ProfilePoint:
         throughput: median over repeats of items per second (robust to a preempted repeat on
             a busy machine).
         samples: items per second of each repeat (their spread is the noise).
+        busy_cores: CPU seconds per wall second while it ran (this process's CPU time over all
+            its threads, median over repeats): the cores the stage keeps busy at this share.
+            Threads that wait at a synchronisation point sleep (``OMP_WAIT_POLICY=PASSIVE``),
+            so a 2-thread learner may keep 1.2 cores busy, not 2. None: not measured (profiles
+            from before it was), and the allocator then counts the whole share as busy.
     """
 
     stage: str
@@ -58,6 +63,7 @@ class ProfilePoint:
     batch_size: int
     throughput: float
     samples: tuple[float, ...] = ()
+    busy_cores: float | None = None
 
 
 def machine_description() -> dict[str, Any]:
@@ -120,13 +126,25 @@ class Profile:
             f"{self.shares(stage)}, batch sizes {self.batch_sizes(stage)}"
         )
 
+    def busy(self, stage: str, share: int, batch_size: int) -> float:
+        """The cores a stage keeps busy at ``share``: the profiled :attr:`ProfilePoint.busy_cores`
+        where that point was measured with it, else the share itself (every unit busy)."""
+        for p in self.points:
+            if (p.stage, p.share, p.batch_size) == (stage, share, batch_size):
+                return float(share) if p.busy_cores is None else p.busy_cores
+        return float(share)
+
     def curve(self, stage: str, batch_size: int) -> list[tuple[int, float]]:
         """(share, throughput) of one stage at one batch size, by share."""
         pts = [p for p in self.points if p.stage == stage and p.batch_size == batch_size]
         return sorted((p.share, p.throughput) for p in pts)
 
     def scaled(self, stage: str, factor: float) -> Profile:
-        """A copy with one stage's throughputs multiplied by ``factor`` (runtime feedback)."""
+        """A copy with one stage's throughputs multiplied by ``factor`` (runtime feedback).
+
+        Busy cores are kept: a stage that got slower (heavier work, a slower simulator) keeps
+        its threads as busy as before, each item then costing ``1 / factor`` times the CPU.
+        """
         pts = [
             dataclasses.replace(
                 p, throughput=p.throughput * factor, samples=tuple(s * factor for s in p.samples)
@@ -209,8 +227,9 @@ def profile(
 
     Each point: ``step = stage_fn(share, batch)``, one untimed warm-up step, then ``repeats``
     timed repeats of at least one step (and at least ``min_step_s``); the point's throughput is
-    the median repeat's. torch's thread count and this process's affinity are restored
-    afterwards, whatever the stage function set.
+    the median repeat's, and its busy cores the median of the repeats' CPU time over wall time
+    (this process's, all threads). torch's thread count and this process's affinity are
+    restored afterwards, whatever the stage function set.
 
     Args:
         stage_fn: ``(share, batch_size) -> step``; ``step() -> items processed``.
@@ -233,21 +252,25 @@ def profile(
                 step = stage_fn(int(share), int(batch))
                 try:
                     step()  # warm-up: allocations, lazy init, caches
-                    samples = []
+                    samples, busy = [], []
                     for _ in range(repeats):
-                        items, start = 0.0, time.perf_counter()
+                        items, start, cpu = 0.0, time.perf_counter(), time.process_time()
                         while True:
                             items += step()
                             secs = time.perf_counter() - start
                             if secs >= min_step_s:
                                 break
                         samples.append(items / secs if secs > 0 else math.inf)
+                        busy.append((time.process_time() - cpu) / secs if secs > 0 else 0.0)
                 finally:
                     close = getattr(step, "close", None)
                     if close is not None:
                         close()
                 tput = float(np.median(samples))
-                points.append(ProfilePoint(stage, int(share), int(batch), tput, tuple(samples)))
+                cores = float(np.median(busy))
+                points.append(
+                    ProfilePoint(stage, int(share), int(batch), tput, tuple(samples), cores)
+                )
     return Profile(
         points=points,
         share_unit=share_unit,
