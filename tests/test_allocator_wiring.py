@@ -131,7 +131,11 @@ def test_elastic_run_reallocates_applies_and_logs(tiny_cfg, tmp_path, applied):
             "resources.train_threads=2",
             "resources.rebalance_patience=2",
             "algo.cfg.update_epochs=32",
-            "budget.iterations=10",
+            # a wall-clock budget: the generator reports its counters at most every 0.25 s, and
+            # patience 2 needs 3 reports; 10 updates took 0.5 s here (1-2 reports), so whether
+            # it fired depended on the machine's speed
+            "budget.iterations=100000",
+            "budget.minutes=0.05",
         ]
     )
     train(cfg)
