@@ -175,13 +175,19 @@ def train_run(
     ]
     cmd += ["tracking.enabled=false"] if args.quick else [f"tracking.experiment={args.experiment}"]
     subprocess.run(cmd, check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
+    s = read_run(run_dir, name, seed)
+    s["command"] = " ".join(cmd[1:])
+    print(f"  {name:14s} seed {seed}: {s['throughput_e2e']:7.1f} steps/s", flush=True)
+    return s
+
+
+def read_run(run_dir: Path, name: str, seed: int) -> dict[str, Any]:
+    """A finished run's summary, per-update throughput and reallocations."""
     s = json.loads((run_dir / "summary.json").read_text())
     rows = list(csv.DictReader((run_dir / "metrics.csv").open()))
     re_path = run_dir / "reallocations.jsonl"
     reallocs = [json.loads(x) for x in re_path.read_text().splitlines()] if re_path.exists() else []
-    s.update(config=name, seed=seed, command=" ".join(cmd[1:]), reallocations=reallocs)
-    s["per_update"] = per_update(rows)
-    print(f"  {name:14s} seed {seed}: {s['throughput_e2e']:7.1f} steps/s", flush=True)
+    s.update(config=name, seed=seed, reallocations=reallocs, per_update=per_update(rows))
     return s
 
 
@@ -259,10 +265,24 @@ def grid_noise(rows: list[dict], grid: list[str], chosen: str) -> list[str]:
     ]
 
 
-def reanalyse(folder: Path) -> None:
-    """(b)'s noise analysis from a result folder (its runs.csv, and table.md for the choice)."""
+def reanalyse(folder: Path, args: Any) -> None:
+    """(b)'s noise analysis from a result folder (its runs.csv, and table.md for the choice),
+    and (d)'s tables from its slowdown runs (``runs/<prefix>-{even,elastic}-s<seed>``; the
+    slowdown's parameters are this invocation's ``--slow-*``, ``--patience``, ``--warmup``)."""
     import re
 
+    for stage, prefix in SLOW_PREFIX.items():
+        found = sorted((folder / "runs").glob(f"{prefix}-*-s*"))
+        drows = []
+        for d in found:
+            m = re.fullmatch(rf"({prefix}-(?:even|elastic))-s(\d+)", d.name)
+            if m and (d / "summary.json").exists():
+                drows.append(read_run(d, m.group(1), int(m.group(2))))
+        if drows:
+            drows.sort(key=lambda x: (x["seed"], x["config"].endswith("elastic")))
+            print("\n".join(slowdown_table(drows, args, stage)))
+    if not any(re.fullmatch(r"g\d+t\d+b\d+-s\d+", d.name) for d in (folder / "runs").iterdir()):
+        return
     rows = [
         {**r, "seed": int(r["seed"]), "throughput_e2e": float(r["throughput_e2e"])}
         for r in csv.DictReader((folder / "runs.csv").open())
@@ -297,8 +317,8 @@ def slowdown_table(drows: list[dict], args: Any, stage: str = "sim") -> list[str
         "",
         "| run | seed | trigger fired (update: new gen/train threads, batch, apply cost s) | "
         "first firing from the slowdown on | steps/s before | slowed, to the firing | "
-        "after the firing | after / before |",
-        "|---|---|---|---|---|---|---|---|",
+        "after the firing | after / before | after / slowed |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for x in drows:
         tp = x["per_update"]
@@ -319,10 +339,11 @@ def slowdown_table(drows: list[dict], args: Any, stage: str = "sim") -> list[str
             where = "within" if n <= args.patience + 1 else "outside"
             first = f"update {mine[0]['step']} ({n} updates in: {where} the window)"
         before = mean_over(tp, args.warmup, args.slow_at - 1)
+        slowed = mean_over(tp, args.slow_at, cut)
         after = mean_over(tp, cut, len(tp))
         lines.append(
             f"| {x['config']} | {x['seed']} | {fired or 'never'} | {first} | {before:.1f} | "
-            f"{mean_over(tp, args.slow_at, cut):.1f} | {after:.1f} | {after / before:.3f} |"
+            f"{slowed:.1f} | {after:.1f} | {after / before:.3f} | {after / slowed:.3f} |"
         )
     lines += [
         "",
@@ -330,7 +351,8 @@ def slowdown_table(drows: list[dict], args: Any, stage: str = "sim") -> list[str
         "segment ahead of training), slowed = from the slowdown to the elastic run's first firing "
         "after it, after = the rest; the static run of a seed uses its elastic twin's windows. "
         "Within the window: the first firing came at most patience + 1 updates into the slowdown "
-        "(the update whose interval straddles it counts).",
+        "(the update whose interval straddles it counts). After / slowed: how much of the "
+        "slowdown the reallocation won back (a static run: its drift over the same windows).",
     ]
     return lines
 
@@ -467,14 +489,15 @@ def main() -> None:
     ap.add_argument(
         "--reanalyse",
         metavar="DIR",
-        help="run nothing: print (b)'s noise analysis from an earlier result folder's runs.csv",
+        help="run nothing: print (b)'s noise analysis and (d)'s tables from an earlier result "
+        "folder (its runs.csv and runs/)",
     )
     ap.add_argument(
         "--out", default=str(ROOT / "results" / "allocator" / time.strftime("%Y-%m-%d"))
     )
     args = ap.parse_args()
     if args.reanalyse:
-        reanalyse(Path(args.reanalyse))
+        reanalyse(Path(args.reanalyse), args)
         return
     vk = ROOT / ".cache" / "vulkan" / "lvp_icd.json"
     if vk.exists():  # SAPIEN's CPU Vulkan driver, as the Makefile sets it
