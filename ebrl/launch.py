@@ -389,7 +389,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dry-run", action="store_true", help="print the jobs, run/submit nothing")
     ap.add_argument("--json", action="store_true", help="with --dry-run: the plan as JSON")
     ap.add_argument("--out", help="sweep output folder (default: the sweep's hydra.sweep.dir)")
-    args = ap.parse_args(argv)
+    # intermixed: the make targets put --out between the sweep and the overrides
+    args = ap.parse_intermixed_args(argv)
     p = plan(args.sweep, args.overrides, args.out)
     if args.dry_run:
         try:

@@ -29,6 +29,15 @@ def headline_plan() -> dict:
     return json.loads(buf.getvalue())
 
 
+def test_options_may_stand_between_the_sweep_and_its_overrides(capsys, tmp_path):
+    """The Makefile's paper targets call ``launch <sweep> --out DIR <overrides>``."""
+    sweep, *overrides = HEADLINE
+    code = launch.main([sweep, "--out", str(tmp_path / "o"), "--dry-run", "--json", *overrides])
+    assert code == 0
+    got = json.loads(capsys.readouterr().out)
+    assert got["n_jobs"] == 10 and str(tmp_path / "o") in json.dumps(got)
+
+
 def test_headline_has_one_array_per_gpu_type(headline_plan):
     arrays = {a["label"]: a for a in headline_plan["arrays"]}
     assert set(arrays) == {"gpu=h100", "gpu=a100"}
