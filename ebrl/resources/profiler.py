@@ -116,23 +116,28 @@ class Profile:
     def batch_sizes(self, stage: str) -> tuple[int, ...]:
         return tuple(sorted({p.batch_size for p in self.points if p.stage == stage}))
 
-    def throughput(self, stage: str, share: int, batch_size: int) -> float:
-        """The measured throughput at a profiled point."""
+    def point(self, stage: str, share: int, batch_size: int) -> ProfilePoint | None:
+        """The profiled point at (stage, share, batch size), or None."""
         for p in self.points:
             if (p.stage, p.share, p.batch_size) == (stage, share, batch_size):
-                return p.throughput
-        raise KeyError(
-            f"no {stage} point at share={share}, batch={batch_size}; profiled shares "
-            f"{self.shares(stage)}, batch sizes {self.batch_sizes(stage)}"
-        )
+                return p
+        return None
+
+    def throughput(self, stage: str, share: int, batch_size: int) -> float:
+        """The measured throughput at a profiled point."""
+        p = self.point(stage, share, batch_size)
+        if p is None:
+            raise KeyError(
+                f"no {stage} point at share={share}, batch={batch_size}; profiled shares "
+                f"{self.shares(stage)}, batch sizes {self.batch_sizes(stage)}"
+            )
+        return p.throughput
 
     def busy(self, stage: str, share: int, batch_size: int) -> float:
         """The cores a stage keeps busy at ``share``: the profiled :attr:`ProfilePoint.busy_cores`
         where that point was measured with it, else the share itself (every unit busy)."""
-        for p in self.points:
-            if (p.stage, p.share, p.batch_size) == (stage, share, batch_size):
-                return float(share) if p.busy_cores is None else p.busy_cores
-        return float(share)
+        p = self.point(stage, share, batch_size)
+        return float(share) if p is None or p.busy_cores is None else p.busy_cores
 
     def curve(self, stage: str, batch_size: int) -> list[tuple[int, float]]:
         """(share, throughput) of one stage at one batch size, by share."""

@@ -99,6 +99,7 @@ class StageFactory:
         if ckpt is not None:
             algo.policy.set_weights(int(ckpt["version"]), ckpt["policy"])
             algo.optimizer.load_state_dict(ckpt["optimizer"])
+        inject = self.cfg.get("inject") or {}  # configs from before the option have none
         return TrainStage(
             algo,
             threads=int(self.cfg["threads"]["train"]),
@@ -106,6 +107,6 @@ class StageFactory:
             every=self.checkpoint_every,
             snapshots=self.snapshots,
             snapshot_every=self.snapshot_every,
-            extra_after=self.cfg.get("inject", {}).get("train_after_updates"),
-            extra_epochs=int(self.cfg.get("inject", {}).get("train_extra_epochs", 0)),
+            extra_after=inject.get("train_after_updates"),
+            extra_epochs=int(inject.get("train_extra_epochs", 0)),
         )
