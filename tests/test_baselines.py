@@ -257,6 +257,17 @@ def test_async_refuses_what_would_not_be_rlinf_async(extra, words):
         next(instantiate(cfg.scheduler).run(context(cfg)))
 
 
+def test_async_defaults_to_a_split_that_fits_two_cores():
+    """The CPU sweeps run ``scheduler=async`` beside the others with no per-scheduler threads:
+    its group sets the fixed split (1 + 1), the command line can still change it."""
+    base = [o for o in TINY if not o.startswith("threads.")] + ["tracking.enabled=false"]
+    cfg = make_cfg([*base, "scheduler=async", "scheduler.backend=inprocess"])
+    assert (cfg.threads.gen, cfg.threads.train) == (1, 1)
+    instantiate(cfg.scheduler).check(context(cfg))  # accepted on this machine
+    assert make_cfg([*base, "scheduler=async", "threads.train=3"]).threads.train == 3
+    assert make_cfg([*base, "scheduler=ebrl"]).threads.train == 2  # the others: the default
+
+
 # --- configuration ----------------------------------------------------------------------------
 @pytest.mark.parametrize("k", [0, 3])
 def test_async_staleness_outside_1_2_fails_validation(k):
