@@ -66,11 +66,15 @@ class TrainStage:
             torch.set_num_threads(self.threads)
         self.algo.policy.train()
         hist = torch.bincount(seg.staleness(self.version).flatten().clamp(min=0))  # [max + 1]
-        loaded = self.extra_after is not None and self.version >= self.extra_after
+        loaded = (
+            self.extra_epochs > 0
+            and self.extra_after is not None
+            and self.version >= self.extra_after
+        )
         metrics = self.algo.update(seg)
-        if loaded and self.extra_epochs > 0:
+        if loaded:
             extra_passes(self.algo.policy, seg, self.extra_epochs)
-        metrics["train/injected_load"] = float(loaded and self.extra_epochs > 0)
+        metrics["train/injected_load"] = float(loaded)
         # the staleness histogram: fraction of this segment's decisions v versions old
         for v, count in enumerate(hist.tolist()):
             metrics[f"pipeline/staleness_frac_{v}"] = count / max(1, seg.policy_version.numel())
