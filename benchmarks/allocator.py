@@ -195,6 +195,13 @@ def read_run(run_dir: Path, name: str, seed: int) -> dict[str, Any]:
 SLOW_PREFIX = {"sim": "slow", "train": "slowtrain"}
 
 
+def slow_label(args: Any, stage: str) -> str:
+    """(d)'s slowdown of ``stage`` in words, for the table and the log."""
+    if stage == "sim":
+        return f"x{args.slow_factor} of the simulator"
+    return f"of the learner (+{args.slow_epochs} forward-backward passes per update)"
+
+
 def iterations_for(overrides: list[str], args: Any) -> int:
     """(d)'s runs are longer: they need room before and after the slowdown."""
     starts = ("simulator.slowdown_after_steps=", "inject.train_after_updates=")
@@ -302,11 +309,7 @@ def slowdown_table(drows: list[dict], args: Any, stage: str = "sim") -> list[str
     rollout runs a segment ahead of training); slowed = [slowdown, first firing]; after = the
     rest. A static run takes the windows of the elastic run of its seed.
     """
-    what = (
-        f"x{args.slow_factor} of the simulator"
-        if stage == "sim"
-        else f"of the learner (+{args.slow_epochs} forward-backward passes per update)"
-    )
+    what = slow_label(args, stage)
     twin_name = f"{SLOW_PREFIX[stage]}-elastic"
     lines = [
         "",
@@ -496,6 +499,10 @@ def main() -> None:
         "--out", default=str(ROOT / "results" / "allocator" / time.strftime("%Y-%m-%d"))
     )
     args = ap.parse_args()
+    stages = [] if args.no_slowdown else [x for x in args.slow_stage.split(",") if x]
+    bad = [x for x in stages if x not in SLOW_PREFIX]
+    if bad:  # before (a)-(c)'s 40 minutes, not after
+        raise SystemExit(f"--slow-stage {','.join(bad)}: must be among {', '.join(SLOW_PREFIX)}")
     if args.reanalyse:
         reanalyse(Path(args.reanalyse), args)
         return
@@ -534,10 +541,7 @@ def main() -> None:
     drows: list[dict] = []
     slow_elastic = elastic_base  # no stored profile: each run profiles itself at start
     slow: dict[str, list[str]] = {}
-    stages = [] if args.no_slowdown else [x for x in args.slow_stage.split(",") if x]
     for stage in stages:
-        if stage not in SLOW_PREFIX:
-            raise SystemExit(f"--slow-stage {stage}: must be one of {', '.join(SLOW_PREFIX)}")
         slow[stage], d = slowdown_runs(args, seeds, static, slow_elastic, slow_workload, out, stage)
         drows += d
         lines += slowdown_table(d, args, stage)
@@ -592,15 +596,14 @@ def slowdown_runs(
             f"simulator.slowdown_after_steps={args.slow_at * steps_per_update}",
             f"simulator.slowdown_factor={args.slow_factor}",
         ]
-        what = f"x{args.slow_factor} of the simulator"
     else:  # the learner: the update that starts at version slow_at is the first slowed one
         slow = [
             f"inject.train_after_updates={args.slow_at}",
             f"inject.train_extra_epochs={args.slow_epochs}",
         ]
-        what = f"of the learner (+{args.slow_epochs} passes per update)"
     print(
-        f"\n(d) slowdown {what} from update {args.slow_at} (patience {args.patience}) ...",
+        f"\n(d) slowdown {slow_label(args, stage)} from update {args.slow_at} "
+        f"(patience {args.patience}) ...",
         flush=True,
     )
     prefix = SLOW_PREFIX[stage]
