@@ -168,18 +168,24 @@ def test_rebalancer_reallocates_after_patience_and_records_the_cost(tmp_path):
     assert rb.observe(150.0, 2500.0, step=2) is None
     seq, gen, train = rb.observe(150.0, 2500.0, step=3)
     assert (gen.threads, train.threads) == (2, 1)
-    assert rb.applied("gen", seq) is None  # the learner has not applied it yet
+    assert rb.applied("gen", seq, 0.002) is None  # the learner has not applied it yet
+    assert rb.applied("gen", seq, 0.5) is None  # a repeated acknowledgement counts once
     now[0] += 0.25
-    done = rb.applied("learner", seq)
-    assert done is not None and done.apply_cost_s == pytest.approx(0.25)
+    done = rb.applied("learner", seq, 0.001)
+    # cost: the stages' own work applying it; latency: decision to the last acknowledgement
+    assert done is not None and done.apply_cost_s == pytest.approx(0.003)
+    assert done.apply_latency_s == pytest.approx(0.25)
     row = json.loads((tmp_path / "reallocations.jsonl").read_text())
     assert row["step"] == 3 and row["changed"] and row["applied"]
     assert "diverged more than 15% from the planned" in row["cause"]
     assert "for 3 consecutive steps" in row["cause"]
-    assert row["apply_cost_s"] == pytest.approx(0.25)
+    assert row["apply_cost_s"] == pytest.approx(0.003)
+    assert row["apply_latency_s"] == pytest.approx(0.25)
     assert (row["old"]["gen_units"], row["new"]["gen_units"]) == (1, 2)
     m = rb.metrics()
-    assert m["resource/reallocations"] == 1.0 and m["resource/realloc_cost_s"] == 0.25
+    assert m["resource/reallocations"] == 1.0
+    assert m["resource/realloc_cost_s"] == pytest.approx(0.003)
+    assert m["resource/realloc_latency_s"] == 0.25
 
 
 def test_rebalancer_records_a_kept_split_and_unapplied_moves(tmp_path):
@@ -203,6 +209,7 @@ def test_rebalancer_records_a_kept_split_and_unapplied_moves(tmp_path):
     rb.close()  # the run ended before the workers applied it
     row = json.loads((tmp_path / "b" / "reallocations.jsonl").read_text())
     assert row["changed"] and row["applied"] is False and row["apply_cost_s"] is None
+    assert row["apply_latency_s"] is None
 
 
 def test_train_minibatch_from_the_config():

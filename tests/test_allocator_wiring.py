@@ -145,6 +145,7 @@ def test_elastic_run_reallocates_applies_and_logs(tiny_cfg, tmp_path, applied):
     moves = [json.loads(x) for x in (tmp_path / "run" / "reallocations.jsonl").open()]
     first = next(m for m in moves if m["changed"])
     assert first["applied"] and first["apply_cost_s"] > 0
+    assert first["apply_latency_s"] >= first["apply_cost_s"]
     assert (first["gen"]["threads"], first["train"]["threads"]) == (1, 2)
     assert first["measured_gen"] > 2 * first["measured_train"]
     assert first["measured_sim"] > 0  # the rollout's rate, recorded beside them

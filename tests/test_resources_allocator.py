@@ -222,11 +222,13 @@ def test_elastic_allocator_reallocates_toward_the_slow_stage(caplog):
     assert (r.new.gen_units, r.new.train_units) == (2, 6)
     assert ea.current == r.new and ea.history == [r]
     assert "reallocation at step 19" in caplog.text and "diverged" in caplog.text
-    done = ea.applied(r, 1.25)
-    assert done.apply_cost_s == 1.25 and ea.history == [done]
+    done = ea.applied(r, 0.01, latency_s=1.25)
+    assert (done.apply_cost_s, done.apply_latency_s) == (0.01, 1.25) and ea.history == [done]
     with ea.applying(done):
         pass
-    assert ea.history[0].apply_cost_s is not None and ea.history[0].apply_cost_s < 1.0
+    again = ea.history[0]
+    assert again.apply_cost_s is not None and again.apply_cost_s < 1.0
+    assert again.apply_latency_s == again.apply_cost_s  # applied in the block: at once
 
 
 def test_elastic_allocator_records_an_unchanged_split():

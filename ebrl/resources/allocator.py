@@ -656,7 +656,11 @@ class Reallocation:
         measured_train: mean train throughput over it.
         measured_sim: mean simulator (rollout) throughput over it (nan: not measured).
         search_s: seconds the search took.
-        apply_cost_s: seconds applying it took (restarting stage processes), once reported.
+        apply_cost_s: seconds the stages spent applying it (their own work: torch threads,
+            affinity, batch; a restart where a quota needs one), once reported.
+        apply_latency_s: seconds from the decision until it was in force on every stage, once
+            reported. A worker takes a reallocation between its calls, so this includes the
+            rest of the update in flight; the stages keep working meanwhile, on the old split.
     """
 
     cause: str
@@ -669,6 +673,7 @@ class Reallocation:
     measured_sim: float = math.nan
     search_s: float = 0.0
     apply_cost_s: float | None = None
+    apply_latency_s: float | None = None
 
     @property
     def changed(self) -> bool:
@@ -854,13 +859,23 @@ class ElasticAllocator:
         )
         return r
 
-    def applied(self, realloc: Reallocation, cost_s: float) -> Reallocation:
-        """Record what applying ``realloc`` cost (e.g. restarting a stage with a new quota)."""
-        done = dataclasses.replace(realloc, apply_cost_s=cost_s)
+    def applied(
+        self, realloc: Reallocation, cost_s: float, latency_s: float | None = None
+    ) -> Reallocation:
+        """Record what applying ``realloc`` cost the stages (``cost_s``) and how long after the
+        decision it was in force everywhere (``latency_s``; by default the cost: applied at
+        once)."""
+        latency = cost_s if latency_s is None else latency_s
+        done = dataclasses.replace(realloc, apply_cost_s=cost_s, apply_latency_s=latency)
         for i, r in enumerate(self.history):
             if r is realloc:
                 self.history[i] = done
-        log.info("reallocation applied in %.3f s: %s", cost_s, realloc.new.describe())
+        log.info(
+            "reallocation applied (work %.3f s, in force %.3f s after the decision): %s",
+            cost_s,
+            latency,
+            realloc.new.describe(),
+        )
         return done
 
     @contextlib.contextmanager

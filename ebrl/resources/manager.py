@@ -372,6 +372,7 @@ class _Pending:
     train: StageResources
     decided: float
     waiting: set[str] = field(default_factory=lambda: {"gen", "learner"})
+    work_s: float = 0.0  # the acknowledging stages' own seconds applying it, summed
 
 
 class Rebalancer:
@@ -381,7 +382,8 @@ class Rebalancer:
     throughputs; when they diverge past the threshold for ``patience`` consecutive updates and a
     new search changes the split, it returns the new gen and train resources for the caller to
     send to the workers. :meth:`applied` takes each worker's acknowledgement; once both stages
-    have applied a reallocation its cost (decision to last acknowledgement) is recorded, logged,
+    have applied a reallocation its cost (the stages' own seconds applying it) and its latency
+    (decision to last acknowledgement: a stage takes it between calls) are recorded, logged,
     and appended to ``reallocations.jsonl`` in ``out_dir``. A firing whose search keeps the split
     is appended too (``changed: false``), so the file shows every time the trigger fired.
 
@@ -429,6 +431,7 @@ class Rebalancer:
         self.applied_count = 0
         self.unchanged = 0
         self.last_cost = math.nan
+        self.last_latency = math.nan
         self.last_gen = math.nan
         self.last_train = math.nan
         self.last_rollout = math.nan
@@ -458,20 +461,25 @@ class Rebalancer:
         p = self.pending.get(seq)
         if p is None:
             return None
+        if worker in p.waiting:
+            p.work_s += max(0.0, float(seconds))
         p.waiting.discard(worker)
         if p.waiting:
             return None
         del self.pending[seq]
-        cost = self.clock() - p.decided
-        done = self.allocator.applied(p.realloc, cost)
+        latency = self.clock() - p.decided
+        done = self.allocator.applied(p.realloc, p.work_s, latency)
         self.applied_count += 1
-        self.last_cost = cost
+        self.last_cost = p.work_s
+        self.last_latency = latency
         self._record(done, p, applied=True)
         log.info(
-            "reallocation %d at update %s applied in %.3f s: %s | gen %s | train %s",
+            "reallocation %d at update %s in force %.3f s after the decision (%.4f s applying): "
+            "%s | gen %s | train %s",
             seq,
             done.step,
-            cost,
+            latency,
+            p.work_s,
             done.cause,
             p.gen.describe(),
             p.train.describe(),
@@ -490,6 +498,7 @@ class Rebalancer:
             "resource/reallocations": float(self.applied_count),
             "resource/rebalances_unchanged": float(self.unchanged),
             "resource/realloc_cost_s": self.last_cost,
+            "resource/realloc_latency_s": self.last_latency,
             "resource/rollout_per_s": self.last_rollout,
             "resource/gen_per_s": self.last_gen,
             "resource/train_per_s": self.last_train,
@@ -516,6 +525,7 @@ class Rebalancer:
             "train": dataclasses.asdict(p.train),
             "search_s": r.search_s,
             "apply_cost_s": r.apply_cost_s,
+            "apply_latency_s": r.apply_latency_s,
             "decided_at": r.decided_at,
         }
         with self.path.open("a") as f:
