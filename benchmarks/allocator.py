@@ -187,12 +187,37 @@ def read_run(run_dir: Path, name: str, seed: int) -> dict[str, Any]:
     rows = list(csv.DictReader((run_dir / "metrics.csv").open()))
     re_path = run_dir / "reallocations.jsonl"
     reallocs = [json.loads(x) for x in re_path.read_text().splitlines()] if re_path.exists() else []
-    s.update(config=name, seed=seed, reallocations=reallocs, per_update=per_update(rows))
+    s.update(
+        config=name,
+        seed=seed,
+        reallocations=reallocs,
+        per_update=per_update(rows),
+        splits=[split_of(r) for r in rows],
+    )
+    res_path = run_dir / "resources.json"
+    if res_path.exists():
+        res = json.loads(res_path.read_text())
+        s["start_split"] = (res["gen"]["threads"], res["train"]["threads"], res["gen"]["batch"])
     return s
 
 
-#: (d): the config name prefix of each stage's slowdown runs (``<prefix>-even``, ``-elastic``)
+def split_of(row: dict[str, str]) -> tuple[int, int, int] | None:
+    """The (gen threads, train threads, gen batch) an update reported, if it did."""
+    keys = ("resource/gen_threads", "resource/train_threads", "resource/gen_batch")
+    try:
+        g, t, b = (int(float(row[k])) for k in keys)
+    except (KeyError, TypeError, ValueError):
+        return None
+    return g, t, b
+
+
+#: (d): the config name prefix of each stage's slowdown runs (``<prefix>-even``, ``-elastic``,
+#: ``-frozen``)
 SLOW_PREFIX = {"sim": "slow", "train": "slowtrain"}
+#: (d)'s configurations: the elastic allocator; its own run-start split with run-time
+#: reallocation off (what the run would have done had the trigger never fired: the slowdown's
+#: counterfactual); the naive even split
+SLOW_KINDS = ("elastic", "frozen", "even")
 
 
 def slow_label(args: Any, stage: str) -> str:
@@ -282,11 +307,12 @@ def reanalyse(folder: Path, args: Any) -> None:
         found = sorted((folder / "runs").glob(f"{prefix}-*-s*"))
         drows = []
         for d in found:
-            m = re.fullmatch(rf"({prefix}-(?:even|elastic))-s(\d+)", d.name)
+            m = re.fullmatch(rf"({prefix}-(?:{'|'.join(SLOW_KINDS)}))-s(\d+)", d.name)
             if m and (d / "summary.json").exists():
                 drows.append(read_run(d, m.group(1), int(m.group(2))))
         if drows:
-            drows.sort(key=lambda x: (x["seed"], x["config"].endswith("elastic")))
+            order = {f"{prefix}-{k}": i for i, k in enumerate(SLOW_KINDS)}
+            drows.sort(key=lambda x: (x["seed"], order[x["config"]]))
             print("\n".join(slowdown_table(drows, args, stage)))
     if not any(re.fullmatch(r"g\d+t\d+b\d+-s\d+", d.name) for d in (folder / "runs").iterdir()):
         return
@@ -302,39 +328,81 @@ def reanalyse(folder: Path, args: Any) -> None:
     print("\n".join(grid_noise(rows, grid, m.group(1))))
 
 
+def slow_windows(twin: dict, slow_at: int) -> tuple[int, int]:
+    """(d)'s window edges from the elastic run of a seed: ``(cut, settled)``.
+
+    Updates [slow_at, cut) are slowed under the run-start split: up to the first firing from the
+    slowdown on that moved the split (the update it was decided at included), or the first
+    firing if none moved. [cut, settled) is the move's transition: a stage takes a new split
+    between its calls, so updates until the first one that reports the new split, that one
+    included, ran partly under the old one. [settled, end) is the new split in force. Without a
+    move there is no transition (settled = cut); without any firing, no after window (cut =
+    settled = the run's length).
+    """
+    n = len(twin["per_update"])
+    late = [m for m in twin["reallocations"] if m["step"] >= slow_at]
+    if not late:
+        return n, n
+    moved = next((m for m in late if m["changed"]), None)
+    cut = max(slow_at + 1, (moved or late[0])["step"] + 1)
+    if moved is None:
+        return cut, cut
+    new = (moved["gen"]["threads"], moved["train"]["threads"], moved["gen"]["batch"])
+    splits = twin.get("splits") or []
+    shown = next((i for i in range(cut, len(splits)) if splits[i] == new), None)
+    settled = n if shown is None else min(n, shown + 1)
+    return cut, settled
+
+
+def _fired(x: dict) -> str:
+    def one(m: dict) -> str:
+        if not m["changed"]:
+            return f"{m['step']}: kept"
+        lat = m.get("apply_latency_s")
+        cost = m["apply_cost_s"]
+        if lat is None and cost is not None:  # a record from before the two were told apart
+            lat, cost = cost, None
+        when = "-" if lat is None else f"{lat:.1f} s"
+        work = "" if cost is None else f", {1e3 * cost:.2g} ms applying"
+        g, t, b = m["gen"]["threads"], m["train"]["threads"], m["gen"]["batch"]
+        return f"{m['step']}: {g}/{t} b{b}, {when}{work}"
+
+    return ", ".join(one(m) for m in x["reallocations"]) or "never"
+
+
 def slowdown_table(drows: list[dict], args: Any, stage: str = "sim") -> list[str]:
     """(d): when the trigger fired against the window, and per-update throughput around it.
 
-    Windows (updates): before = [warmup, slowdown - 1), clear of the slowdown (with overlap the
-    rollout runs a segment ahead of training); slowed = [slowdown, first firing]; after = the
-    rest. A static run takes the windows of the elastic run of its seed.
+    Windows (updates, :func:`slow_windows`): before = [warmup, slowdown - 1), clear of the
+    slowdown (with overlap the rollout runs a segment ahead of training); slowed = [slowdown,
+    first firing]; the move's transition; after = the new split in force. The static runs of a
+    seed take the elastic run's windows. With ``frozen`` runs (the elastic run's start split,
+    no reallocation) a summary over seeds follows: the elastic run's after-window throughput
+    against the frozen one's (what the move won back) and the even split's.
     """
     what = slow_label(args, stage)
-    twin_name = f"{SLOW_PREFIX[stage]}-elastic"
+    prefix = SLOW_PREFIX[stage]
     lines = [
         "",
         f"## (d) slowdown {what} from update {args.slow_at} "
         f"(patience {args.patience}, threshold {args.threshold:.0%})",
         "",
-        "The elastic runs profile their policy at start (no stored profile for this workload).",
+        "The elastic runs profile their policy at start (no stored profile for this workload). "
+        "Frozen: the elastic run's own start split, reallocation off.",
         "",
-        "| run | seed | trigger fired (update: new gen/train threads, batch, apply cost s) | "
-        "first firing from the slowdown on | steps/s before | slowed, to the firing | "
-        "after the firing | after / before | after / slowed |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| run | seed | trigger fired (update: new gen/train threads, batch, in force after "
+        "the decision, work applying) | first firing from the slowdown on | steps/s before | "
+        "slowed, to the firing | transition | after (new split in force) | after / before | "
+        "after / slowed |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
+    after_of: dict[tuple[str, int], float] = {}
     for x in drows:
         tp = x["per_update"]
-        twin = next((y for y in drows if y["seed"] == x["seed"] and y["config"] == twin_name), x)
-        late = [m for m in twin["reallocations"] if m["step"] >= args.slow_at]
-        cut = max(args.slow_at + 1, late[0]["step"] + 1 if late else len(tp))
-        fired = ", ".join(
-            f"{m['step']}: {m['gen']['threads']}/{m['train']['threads']} b{m['gen']['batch']}, "
-            + ("-" if m["apply_cost_s"] is None else f"{m['apply_cost_s']:.3f}")
-            if m["changed"]
-            else f"{m['step']}: kept"
-            for m in x["reallocations"]
+        twin = next(
+            (y for y in drows if y["seed"] == x["seed"] and y["config"] == f"{prefix}-elastic"), x
         )
+        cut, settled = slow_windows(twin, args.slow_at)
         mine = [m for m in x["reallocations"] if m["step"] >= args.slow_at]
         first = "-"
         if mine:
@@ -343,20 +411,34 @@ def slowdown_table(drows: list[dict], args: Any, stage: str = "sim") -> list[str
             first = f"update {mine[0]['step']} ({n} updates in: {where} the window)"
         before = mean_over(tp, args.warmup, args.slow_at - 1)
         slowed = mean_over(tp, args.slow_at, cut)
-        after = mean_over(tp, cut, len(tp))
+        moving = mean_over(tp, cut, settled)
+        after = mean_over(tp, settled, len(tp))
+        after_of[(x["config"].removeprefix(f"{prefix}-"), x["seed"])] = after
         lines.append(
-            f"| {x['config']} | {x['seed']} | {fired or 'never'} | {first} | {before:.1f} | "
-            f"{slowed:.1f} | {after:.1f} | {after / before:.3f} | {after / slowed:.3f} |"
+            f"| {x['config']} | {x['seed']} | {_fired(x)} | {first} | {before:.1f} | "
+            f"{slowed:.1f} | {'-' if math.isnan(moving) else f'{moving:.1f}'} | {after:.1f} | {after / before:.3f} | "
+            f"{after / slowed:.3f} |"
         )
     lines += [
         "",
         "Windows: before = updates [warmup, slowdown - 1) (with overlap the rollout runs a "
-        "segment ahead of training), slowed = from the slowdown to the elastic run's first firing "
-        "after it, after = the rest; the static run of a seed uses its elastic twin's windows. "
-        "Within the window: the first firing came at most patience + 1 updates into the slowdown "
-        "(the update whose interval straddles it counts). After / slowed: how much of the "
-        "slowdown the reallocation won back (a static run: its drift over the same windows).",
+        "segment ahead of training); slowed = from the slowdown to the elastic run's first move "
+        "after it (or first firing, if none moved); transition = the updates until the first "
+        "that reports the new split (a stage takes it between calls), that one included; "
+        "after = the rest, the new split in force. "
+        "The static runs of a seed use the elastic run's windows. Within the window: the first "
+        "firing came at most patience + 1 updates into the slowdown (the update whose interval "
+        "straddles it counts).",
     ]
+    seeds = sorted({s for (_, s) in after_of})
+    have = [k for k in SLOW_KINDS if all((k, s) in after_of for s in seeds)]
+    if "elastic" in have and len(have) > 1 and len(seeds) > 1:
+        lines += ["", "After the move, elastic against the static runs (paired over seeds):", ""]
+        ela = np.array([after_of[("elastic", s)] for s in seeds])
+        for k in have[1:]:
+            ref = np.array([after_of[(k, s)] for s in seeds])
+            per = ", ".join(f"{a / b:.3f}" for a, b in zip(ela, ref, strict=True))
+            lines.append(f"- elastic / {k}: {ratio_ci(ela, ref).fmt('.3f')} (per seed {per})")
     return lines
 
 
@@ -484,7 +566,13 @@ def main() -> None:
         "epochs, so 4 about triples the learner's work)",
     )
     ap.add_argument("--only-slowdown", action="store_true", help="(d) only, no (a)-(c)")
-    ap.add_argument("--after", type=int, default=6, help="(d): updates after the window")
+    ap.add_argument(
+        "--after",
+        type=int,
+        default=14,
+        help="(d): updates after the window (room for the move's transition and a steady "
+        "after window)",
+    )
     ap.add_argument("--repeats", type=int, default=3, help="profiler repeats per point")
     ap.add_argument("--experiment", default="bench-alloc", help="MLflow experiment")
     ap.add_argument("--quick", action="store_true", help="smoke version, nothing written")
@@ -553,7 +641,11 @@ def main() -> None:
     slow_configs = {
         f"{SLOW_PREFIX[st]}-{kind}": ov
         for st in slow
-        for kind, ov in (("even", static), ("elastic", slow_elastic))
+        for kind, ov in (
+            ("even", static),
+            ("elastic", slow_elastic),
+            ("frozen", ["the elastic run's start split of the seed (its resources.json)"]),
+        )
     }
     prov = provenance(
         seeds,
@@ -609,8 +701,13 @@ def slowdown_runs(
     prefix = SLOW_PREFIX[stage]
     drows = []
     for s in seeds:
-        for kind, ov in (("even", static), ("elastic", slow_elastic)):
-            drows.append(train_run(f"{prefix}-{kind}", slow_workload, [*ov, *slow], s, args, out))
+        ela = train_run(f"{prefix}-elastic", slow_workload, [*slow_elastic, *slow], s, args, out)
+        if "start_split" not in ela:
+            raise SystemExit(f"{prefix}-elastic seed {s}: no resources.json, no start split")
+        frozen = split(*ela["start_split"])
+        drows.append(ela)
+        drows.append(train_run(f"{prefix}-frozen", slow_workload, [*frozen, *slow], s, args, out))
+        drows.append(train_run(f"{prefix}-even", slow_workload, [*static, *slow], s, args, out))
     print("\n".join(slowdown_table(drows, args, stage)))
     return slow, drows
 
