@@ -299,17 +299,37 @@ def _array_out(p: Plan, a: JobArray) -> str:
     return p.out if len(p.arrays) == 1 else f"{p.out}/{a.slug()}"
 
 
+def axes_of(a: JobArray) -> list[str]:
+    """Array ``a``'s jobs as one override per key (``key=v1,v2,...``), keys and values in sweep
+    order: the grid that expands to exactly these jobs, in this order."""
+    values: dict[str, list[str]] = {}
+    for j in a.jobs:
+        for o in j.overrides:
+            k, v = o.split("=", 1)
+            vals = values.setdefault(k, [])
+            if v not in vals:
+                vals.append(v)
+    return [f"{k}={','.join(v)}" for k, v in values.items()]
+
+
 def hydra_command(p: Plan, a: JobArray) -> list[str]:
-    """The Hydra multirun that runs (or submits) array ``a``."""
+    """The Hydra multirun that runs (or submits) array ``a``.
+
+    Every axis goes on the command line after ``+sweep=``, and the sweep's own
+    ``hydra.sweeper.params`` are cleared: Hydra's basic sweeper puts those params *before* the
+    command line, so an axis that appends a config (``+axis/algo=grpo_g4``) would be merged
+    before the sweep and lose to the sweep's experiment wherever both set a key (the
+    experiment's ``override /algo: ppo``, the cluster's ``num_envs``). After ``+sweep=`` each job
+    composes exactly as :func:`plan` checked it and as :meth:`Job.command` runs it.
+    """
     out = _array_out(p, a)
-    rest = [o for o in p.overrides if _key(o) not in {_key(r) for r in a.restrict}]
     return [
         sys.executable,
         "-m",
         "ebrl.train",
         f"+sweep={p.sweep}",
-        *rest,
-        *a.restrict,
+        "hydra.sweeper.params=null",
+        *axes_of(a),
         f"hydra.sweep.dir={out}",
     ]
 

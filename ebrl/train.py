@@ -582,8 +582,43 @@ def _write_outputs(
 register()
 
 
+def check_override_order(overrides: list[str]) -> None:
+    """Refuse a job whose ``+axis/...`` config comes before its ``+sweep=...``.
+
+    Appended configs merge in command-line order, so such an axis is merged before the sweep,
+    and the sweep's experiment silently wins wherever both set a key (GRPO's algorithm, a scale
+    point's envs). Hydra's basic sweeper puts a sweep file's own ``hydra.sweeper.params`` first,
+    so ``python -m ebrl.train +sweep=<name>`` over an ``+axis`` sweep lands here;
+    ``python -m ebrl.launch`` puts the axes after the sweep.
+    """
+    where = {o.split("=", 1)[0]: i for i, o in enumerate(overrides)}
+    sweep = where.get("+sweep")
+    early = [
+        o
+        for i, o in enumerate(overrides)
+        if o.startswith("+axis/") and sweep is not None and i < sweep
+    ]
+    if early:
+        raise ConfigError(
+            f"{', '.join(early)} comes before +sweep={overrides[sweep].split('=', 1)[1]}: the "
+            "sweep's experiment would override the axis's settings. Launch sweeps with "
+            "`python -m ebrl.launch <sweep> [overrides]` (or `make sweep SWEEP=<sweep>`), which "
+            "puts the axes after the sweep; for one job put +sweep=... first."
+        )
+
+
+def _task_overrides() -> list[str]:
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        return list(HydraConfig.get().overrides.task)
+    except ValueError:  # not under Hydra
+        return []
+
+
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="config")
 def main(cfg: DictConfig) -> None:
+    check_override_order(_task_overrides())
     s = train(cfg)
     print(
         f"\n{s.scheduler} on {s.simulator}: {s.env_steps} env steps in {s.wall_s:.0f} s, "
