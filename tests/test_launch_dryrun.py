@@ -110,3 +110,91 @@ def test_cpu_sweep_runs_here(capsys):
 def test_unknown_sweep_names_the_choices():
     with pytest.raises(SystemExit, match="headline"):
         launch.main(["--dry-run", "no_such_sweep"])
+
+
+def _expand_command(cmd: list[str]) -> list[list[str]]:
+    """The jobs Hydra's basic sweeper makes of a multirun command line (its params cleared)."""
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    i = cmd.index("hydra.sweeper.params=null")
+    args = [o for o in cmd[i + 1 :] if not o.startswith("hydra.sweep.dir=")]
+    (jobs,) = BasicSweeper.split_arguments(OverridesParser.create().parse_overrides(args), None)
+    return jobs
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["grpo"],
+        ["grpo", "scheduler=ebrl", "seed=0,1", "tracking.experiment=x"],
+        ["scaling_full", "scheduler=ebrl", "seed=0"],
+        ["headline_full", "policy=pi0", "simulator=libero", "scheduler=ebrl"],
+    ],
+)
+def test_the_multirun_puts_every_axis_after_the_sweep_and_expands_to_the_planned_jobs(argv):
+    p = launch.plan(argv[0], argv[1:])
+    for a in p.arrays:
+        cmd = launch.hydra_command(p, a)[1:]
+        assert cmd[:4] == ["-m", "ebrl.train", f"+sweep={argv[0]}", "hydra.sweeper.params=null"]
+        assert _expand_command(cmd) == [list(j.overrides) for j in a.jobs]
+
+
+def _leaves(node, prefix: str = "") -> dict[str, object]:
+    from omegaconf import DictConfig
+
+    out: dict[str, object] = {}
+    for k, v in node.items():
+        if k == "defaults":
+            continue
+        if isinstance(v, DictConfig):
+            out.update(_leaves(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+@pytest.mark.parametrize("name", ["grpo", "grpo_full", "ablation", "scaling_full"])
+def test_every_axis_config_is_in_force_in_its_jobs(name):
+    """What an ``+axis/...`` file sets is what its job runs with (not the sweep's base)."""
+    from pathlib import Path
+
+    from omegaconf import OmegaConf
+
+    conf = Path(launch.CONF_DIR)
+    _, jobs = launch.expand(name, [])
+    seen = set()
+    for job in jobs:
+        axis = next(o for o in job if o.startswith("+axis/"))
+        if axis in seen:
+            continue
+        seen.add(axis)
+        group, value = axis.removeprefix("+").split("=", 1)
+        want = _leaves(OmegaConf.load(conf / group / f"{value}.yaml"))
+        cfg = launch._compose([f"+sweep={name}", *job])  # the order the multirun composes in
+        for key, v in want.items():
+            assert OmegaConf.select(cfg, key) == v, f"{name} {axis}: {key}"
+        override = next(
+            (
+                d["override /algo"]
+                for d in OmegaConf.load(conf / group / f"{value}.yaml").get("defaults", [])
+                if isinstance(d, dict) and "override /algo" in d
+            ),
+            None,
+        )
+        if override is not None:  # the algorithm the axis names is the one that runs
+            assert cfg.algo._target_.split(".")[-2] == override, f"{name} {axis}"
+    assert len(seen) >= 3
+
+
+def test_train_refuses_an_axis_before_its_sweep():
+    from ebrl.config import ConfigError
+    from ebrl.train import check_override_order
+
+    check_override_order(["+sweep=grpo", "+axis/algo=grpo_g4", "seed=0"])
+    check_override_order(["+axis/algo=grpo_g4"])  # no sweep: nothing to lose to
+    check_override_order([])
+    with pytest.raises(
+        ConfigError, match=r"\+axis/algo=grpo_g4 comes before \+sweep=grpo.*ebrl\.launch"
+    ):
+        check_override_order(["+axis/algo=grpo_g4", "scheduler=sync", "+sweep=grpo"])
