@@ -591,13 +591,8 @@ def check_override_order(overrides: list[str]) -> None:
     so ``python -m ebrl.train +sweep=<name>`` over an ``+axis`` sweep lands here;
     ``python -m ebrl.launch`` puts the axes after the sweep.
     """
-    where = {o.split("=", 1)[0]: i for i, o in enumerate(overrides)}
-    sweep = where.get("+sweep")
-    early = [
-        o
-        for i, o in enumerate(overrides)
-        if o.startswith("+axis/") and sweep is not None and i < sweep
-    ]
+    sweep = next((i for i, o in enumerate(overrides) if o.startswith("+sweep=")), None)
+    early = [o for o in overrides[:sweep] if o.startswith("+axis/")] if sweep else []
     if early:
         raise ConfigError(
             f"{', '.join(early)} comes before +sweep={overrides[sweep].split('=', 1)[1]}: the "
