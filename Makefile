@@ -20,7 +20,7 @@ help:
 	@echo "make bench-sim  simulator throughput per process"
 	@echo "make bench-sched  every scheduler side by side with CIs, ablation, bound (~20 min)"
 	@echo "make bench-learn  PPO/GRPO learning curves on PushCube-v1 (SEEDS=$(SEEDS))"
-	@echo "make bench-alloc  elastic allocator: profile, chosen vs every split, vs even, slowed simulator and learner (~55 min)"
+	@echo "make bench-alloc  elastic allocator: profile, chosen vs every split, vs even, slowed simulator and learner, each against a frozen twin (~80 min)"
 	@echo "make lint       ruff check + format check"
 	@echo "make table-headline|fig-scaling|fig-convergence|fig-staleness|table-ablation|table-grpo [SIZE=cpu|full]"
 	@echo "               run a paper table/figure (CPU size here; SIZE=full: Slurm); see REPRODUCE.md"
