@@ -175,7 +175,7 @@ $(eval $(call paper_target,fig-convergence,convergence,convergence,\
   --key eval/success_rate --window 1 --censored budget --success eval_success_rate))
 $(eval $(call paper_target,fig-staleness,staleness,staleness,--success eval_success_rate))
 $(eval $(call paper_target,table-ablation,ablation,ablation,))
-$(eval $(call paper_target,table-grpo,grpo,grpo,))
+$(eval $(call paper_target,table-grpo,grpo,grpo,--success eval_success_rate))
 
 # MLflow's server with one worker and no job runner (~0.6 GB, ready in ~6 s, stops in ~1 s).
 ui:
