@@ -414,9 +414,10 @@ def slowdown_table(drows: list[dict], args: Any, stage: str = "sim") -> list[str
         moving = mean_over(tp, cut, settled)
         after = mean_over(tp, settled, len(tp))
         after_of[(x["config"].removeprefix(f"{prefix}-"), x["seed"])] = after
+        moving_s = "-" if math.isnan(moving) else f"{moving:.1f}"
         lines.append(
             f"| {x['config']} | {x['seed']} | {_fired(x)} | {first} | {before:.1f} | "
-            f"{slowed:.1f} | {'-' if math.isnan(moving) else f'{moving:.1f}'} | {after:.1f} | {after / before:.3f} | "
+            f"{slowed:.1f} | {moving_s} | {after:.1f} | {after / before:.3f} | "
             f"{after / slowed:.3f} |"
         )
     lines += [
