@@ -70,14 +70,12 @@ class JobArray:
         launcher: local, submitit_local or slurm.
         params: Submitit's sbatch parameters (``time``, ``gpus_per_node``, ...); empty for local.
         jobs: the jobs, in sweep order.
-        restrict: overrides that narrow the sweep to exactly these jobs.
     """
 
     label: str
     launcher: str
     params: dict[str, Any]
     jobs: list[Job] = field(default_factory=list)
-    restrict: list[str] = field(default_factory=list)
 
     def slug(self) -> str:
         """A folder name for this array's outputs."""
@@ -219,7 +217,7 @@ def plan(sweep: str, overrides: list[str], out: str | None = None) -> Plan:
         arrays.setdefault(group, JobArray(label="", launcher=kind, params=params)).jobs.append(job)
     out_dir = str(Path(out or default_out).resolve())
     result = Plan(sweep, list(overrides), out_dir, list(arrays.values()), errors, stores)
-    _label_and_restrict(result)
+    _label(result)
     return result
 
 
@@ -264,8 +262,9 @@ def prepare_stores(p: Plan) -> None:
             client.create_experiment(experiment, artifact_location=artifact_root)
 
 
-def _label_and_restrict(p: Plan) -> None:
-    """Name each array by what sets it apart; give it the overrides that select its jobs."""
+def _label(p: Plan) -> None:
+    """Name each array by what sets it apart; refuse arrays that are not a grid of the axes
+    (:func:`axes_of` gives Hydra each array as a grid)."""
     values: dict[str, list[str]] = {}
     for a in p.arrays:
         for j in a.jobs:
@@ -291,7 +290,6 @@ def _label_and_restrict(p: Plan) -> None:
                     f"sweep {p.sweep}: the jobs of array {a.label or '?'} are not a grid of the "
                     "sweep's axes; split the sweep (narrow it with overrides) and launch each part"
                 )
-            a.restrict = [f"{k}={','.join(v)}" for k, v in mine.items()]
 
 
 # --- output -----------------------------------------------------------------------------------
