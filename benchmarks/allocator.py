@@ -197,8 +197,14 @@ def read_run(run_dir: Path, name: str, seed: int) -> dict[str, Any]:
     res_path = run_dir / "resources.json"
     if res_path.exists():
         res = json.loads(res_path.read_text())
-        s["start_split"] = (res["gen"]["threads"], res["train"]["threads"], res["gen"]["batch"])
+        s["start_split"] = split_in(res)
     return s
+
+
+def split_in(rec: dict[str, Any]) -> tuple[int, int, int]:
+    """(gen threads, train threads, gen batch) of a ``resources.json`` or a reallocation record
+    (both carry ``gen: {threads, batch}`` and ``train: {threads}``)."""
+    return rec["gen"]["threads"], rec["train"]["threads"], rec["gen"]["batch"]
 
 
 def split_of(row: dict[str, str]) -> tuple[int, int, int] | None:
@@ -299,7 +305,7 @@ def grid_noise(rows: list[dict], grid: list[str], chosen: str) -> list[str]:
 
 def reanalyse(folder: Path, args: Any) -> None:
     """(b)'s noise analysis from a result folder (its runs.csv, and table.md for the choice),
-    and (d)'s tables from its slowdown runs (``runs/<prefix>-{even,elastic}-s<seed>``; the
+    and (d)'s tables from its slowdown runs (``runs/<prefix>-{elastic,frozen,even}-s<seed>``; the
     slowdown's parameters are this invocation's ``--slow-*``, ``--patience``, ``--warmup``)."""
     import re
 
@@ -347,7 +353,7 @@ def slow_windows(twin: dict, slow_at: int) -> tuple[int, int]:
     cut = max(slow_at + 1, (moved or late[0])["step"] + 1)
     if moved is None:
         return cut, cut
-    new = (moved["gen"]["threads"], moved["train"]["threads"], moved["gen"]["batch"])
+    new = split_in(moved)
     splits = twin.get("splits") or []
     shown = next((i for i in range(cut, len(splits)) if splits[i] == new), None)
     settled = n if shown is None else min(n, shown + 1)
@@ -364,7 +370,7 @@ def _fired(x: dict) -> str:
             lat, cost = cost, None
         when = "-" if lat is None else f"{lat:.1f} s"
         work = "" if cost is None else f", {1e3 * cost:.2g} ms applying"
-        g, t, b = m["gen"]["threads"], m["train"]["threads"], m["gen"]["batch"]
+        g, t, b = split_in(m)
         return f"{m['step']}: {g}/{t} b{b}, {when}{work}"
 
     return ", ".join(one(m) for m in x["reallocations"]) or "never"
@@ -375,7 +381,7 @@ def slowdown_table(drows: list[dict], args: Any, stage: str = "sim") -> list[str
 
     Windows (updates, :func:`slow_windows`): before = [warmup, slowdown - 1), clear of the
     slowdown (with overlap the rollout runs a segment ahead of training); slowed = [slowdown,
-    first firing]; the move's transition; after = the new split in force. The static runs of a
+    first move]; the move's transition; after = the new split in force. The static runs of a
     seed take the elastic run's windows. With ``frozen`` runs (the elastic run's start split,
     no reallocation) a summary over seeds follows: the elastic run's after-window throughput
     against the frozen one's (what the move won back) and the even split's.
