@@ -1,20 +1,26 @@
 """Typed configuration: the schema Hydra composes ``conf/`` against.
 
 Each config group option (``conf/<group>/<name>.yaml``) extends one of the node dataclasses below,
-so a misspelt key or a value of the wrong type fails at composition with Hydra naming the key.
-Value checks that types cannot express (ranges, combinations) run in :func:`validate`, before any
-work starts. Objects are built from ``_target_`` by ``hydra.utils.instantiate``: adding a
-simulator, policy, algorithm or scheduler is a new dataclass + yaml file, never an if/elif.
+so a misspelt key or a value of the wrong type fails at composition with Hydra naming the key; a
+key added with ``+`` that the schema lacks (Hydra lets it into any node) is refused by
+:func:`validate`, with the closest valid key. Value checks that types cannot express (ranges,
+combinations) run in :func:`validate` too, before any work starts. Objects are built from
+``_target_`` by ``hydra.utils.instantiate``: adding a simulator, policy, algorithm or scheduler is
+a new dataclass + yaml file, never an if/elif.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
+from pathlib import Path
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING, DictConfig, OmegaConf
+from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
 
 from ebrl.algos.grpo import GRPOConfig
 from ebrl.algos.ppo import PPOConfig
@@ -150,6 +156,8 @@ class EBRLSchedulerNode:
     pin_sim: bool = False
     #: level 3's core rebinding: idle env workers' cores go to straggling ones (needs step_level)
     rebind: bool = False
+    #: env worker processes that may die and be replaced during the run (in all)
+    max_restarts: int = 3
 
 
 # === issue 6: hardware, resources, launcher; GPU-cluster policies and simulators ==============
@@ -694,25 +702,27 @@ class RunConfig:
         return max(1, self.rollout_steps // self.chunk_size)
 
 
+#: (group, ConfigStore name, node) of every schema node a group option extends
+_SCHEMAS: list[tuple[str, str, type]] = [
+    ("simulator", "maniskill_schema", ManiSkillSim),
+    ("simulator", "synthetic_schema", SyntheticSim),
+    ("simulator", "counting_schema", CountingSim),
+    ("policy", "mlp_schema", MLPPolicyNode),
+    ("policy", "transformer_schema", TransformerPolicyNode),
+    ("algo", "ppo_schema", PPONode),
+    ("algo", "grpo_schema", GRPONode),
+    ("scheduler", "sync_schema", SyncSchedulerNode),
+    ("scheduler", "ebrl_schema", EBRLSchedulerNode),
+    *_SCHEMAS_ISSUE5,  # issue 5
+    *_SCHEMAS_ISSUE6,  # issue 6
+]
+
+
 def register() -> None:
     """Register the schema nodes with Hydra's ConfigStore (idempotent)."""
     cs = ConfigStore.instance()
     cs.store(name="ebrl_schema", node=RunConfig)
-    for group, name, node in [
-        ("simulator", "maniskill_schema", ManiSkillSim),
-        ("simulator", "synthetic_schema", SyntheticSim),
-        ("simulator", "counting_schema", CountingSim),
-        ("policy", "mlp_schema", MLPPolicyNode),
-        ("policy", "transformer_schema", TransformerPolicyNode),
-        ("algo", "ppo_schema", PPONode),
-        ("algo", "grpo_schema", GRPONode),
-        ("scheduler", "sync_schema", SyncSchedulerNode),
-        ("scheduler", "ebrl_schema", EBRLSchedulerNode),
-    ]:
-        cs.store(group=group, name=name, node=node)
-    for group, name, node in _SCHEMAS_ISSUE5:  # issue 5
-        cs.store(group=group, name=name, node=node)
-    for group, name, node in _SCHEMAS_ISSUE6:  # issue 6
+    for group, name, node in _SCHEMAS:
         cs.store(group=group, name=name, node=node)
     OmegaConf.register_new_resolver("ebrl.sbatch_extra", _sbatch_extra, replace=True)
     OmegaConf.register_new_resolver("ebrl.none_if_zero", _none_if_zero, replace=True)
@@ -723,6 +733,128 @@ def _check(ok: bool, msg: str) -> None:
         raise ConfigError(msg)
 
 
+#: conf/: each folder is a config group (``scheduler=ebrl``), each yaml file in it an option
+_CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
+#: top-level keys not in RunConfig that are still allowed: Hydra's own node (validated by Hydra)
+_FOREIGN_ROOT_KEYS = frozenset({"hydra"})
+#: the fix, for every unknown key: a '+key=value' override is the only way one gets in
+_PLUS_FIX = "(drop the '+': it adds keys that the schema does not have)"
+#: the config groups whose nodes are typed by the schema their option extends
+_SCHEMA_GROUPS = frozenset(group for group, _, _ in _SCHEMAS)
+
+
+def _fields(schema: type) -> list[str]:
+    return [f.name for f in dataclasses.fields(schema)]
+
+
+def _group_options(group: str) -> list[str]:
+    """The options of config group ``group`` (its conf/ yaml files), or [] if it is not one."""
+    folder = _CONF_DIR / group
+    return sorted(p.stem for p in folder.glob("*.yaml")) if folder.is_dir() else []
+
+
+def _option_schema(group: str, option: str, depth: int = 0) -> type | None:
+    """The schema node ``conf/<group>/<option>.yaml`` extends (through its defaults list)."""
+    names = {name: node for g, name, node in _SCHEMAS if g == group}
+    try:
+        defaults = OmegaConf.load(_CONF_DIR / group / f"{option}.yaml").get("defaults", [])
+    except Exception:  # not a file, not yaml: no answer, only a shorter message
+        return None
+    for entry in (e.split("@", 1)[0] for e in defaults if isinstance(e, str)):
+        if entry in names:
+            return names[entry]
+        if depth < 4 and entry in _group_options(group):  # an option extending another
+            return _option_schema(group, entry, depth + 1)
+    return None
+
+
+def _options_with(group: str, pick: Callable[[type], bool]) -> list[str]:
+    """``group=option`` for each option of ``group`` whose schema node satisfies ``pick``."""
+    return [
+        f"{group}={o}"
+        for o in _group_options(group)
+        if (schema := _option_schema(group, o)) is not None and pick(schema)
+    ]
+
+
+def _unknown_keys(node: Any, path: str = "") -> list[tuple[str, str, type]]:
+    """(dotted key, parent path, parent's schema) of every key in ``node`` that the dataclass it
+    is validated against does not have, recursively.
+
+    A ``+key=value`` override (Hydra's force_add) adds a key to a structured node even where the
+    schema has no such field, and ``OmegaConf.to_object`` then sets it as a stray attribute of the
+    dataclass instead of refusing it; so the composed tree is compared with the schema here. Only
+    nodes typed by a dataclass are checked: free-form nodes (``dict``/``Any`` fields, e.g.
+    ``scheduler.resources``, ``scheduler.overrides``) may hold any key, but dataclass-typed nodes
+    inside them are checked too. Nothing is resolved (interpolations are left alone).
+    """
+    if not isinstance(node, DictConfig | ListConfig):
+        return []
+    if node._is_none() or node._is_missing() or node._is_interpolation():
+        return []
+    found: list[tuple[str, str, type]] = []
+    if isinstance(node, ListConfig):
+        for i in range(len(node)):
+            found += _unknown_keys(node._get_node(i), f"{path}[{i}]")
+        return found
+    schema = node._metadata.object_type
+    typed = isinstance(schema, type) and dataclasses.is_dataclass(schema)
+    fields = _fields(schema) if typed else []
+    for key in node:
+        dotted = f"{path}.{key}" if path else str(key)
+        if not path and key in _FOREIGN_ROOT_KEYS:
+            continue
+        if typed and key not in fields:
+            found.append((dotted, path, schema))
+        else:
+            found += _unknown_keys(node._get_node(key), dotted)
+    return found
+
+
+def _unknown_key_hint(cfg: DictConfig, dotted: str, parent: str, schema: type) -> str:
+    """What to write instead of the unknown key ``dotted``: the closest valid key at its level;
+    else, in a group node, the closest key of the group's other options; else the valid keys."""
+    key = dotted.rsplit(".", 1)[-1]
+    fields = _fields(schema)
+    close = difflib.get_close_matches(key, fields, n=1)
+    if close and not parent and _group_options(close[0]):  # +schedular=ebrl
+        group = close[0]
+        value = OmegaConf.select(cfg, dotted, throw_on_resolution_failure=False)
+        meant = f"{group}={value}" if isinstance(value, str) else group  # not +schedular.x=1
+        return (
+            f"did you mean {meant}? ({group} is a config group; its options: "
+            f"{', '.join(_group_options(group))})"
+        )
+    if close:
+        return f"did you mean {parent}.{close[0]}?" if parent else f"did you mean {close[0]}?"
+    valid = ", ".join(f for f in fields if f != "_target_") or "no keys to set"
+    if parent not in _SCHEMA_GROUPS:
+        return f"{parent or 'the top level'} has {valid}"
+    # a group node (scheduler=sync): the key may be another option's (scheduler.staleness)
+    here = ", ".join(_options_with(parent, lambda s: s is schema)) or parent
+    where = f"{schema.__name__} ({here})"
+    others = {f for g, _, node in _SCHEMAS if g == parent for f in _fields(node)}
+    match = difflib.get_close_matches(key, sorted(others - set(fields)), n=1)
+    with_it = _options_with(parent, lambda s: bool(match) and match[0] in _fields(s))
+    if with_it:
+        return (
+            f"{where} has no such key; {parent}.{match[0]} is a key of {', '.join(with_it)}: "
+            "choose one of those"
+        )
+    return f"{where} has {valid}"
+
+
+def check_unknown_keys(cfg: DictConfig) -> None:
+    """Raise ConfigError naming every key of ``cfg`` that its schema does not have, with the
+    closest valid key at that level and the fix."""
+    problems = [
+        f"unknown key {dotted}: {_unknown_key_hint(cfg, dotted, parent, schema)}"
+        for dotted, parent, schema in _unknown_keys(cfg)
+    ]
+    if problems:
+        raise ConfigError("; ".join(problems) + " " + _PLUS_FIX)
+
+
 def validate(cfg: DictConfig, machine: MachineFacts | None = None) -> RunConfig:
     """Resolve and check a composed config; returns it as typed objects or raises ConfigError.
 
@@ -731,6 +863,7 @@ def validate(cfg: DictConfig, machine: MachineFacts | None = None) -> RunConfig:
         machine: what the machine that will run it has (default: probe this one); a config
             it cannot run (a GPU policy without a GPU, a missing simulator package) fails here.
     """
+    check_unknown_keys(cfg)  # before to_object, which would keep them as stray attributes
     try:
         run: RunConfig = OmegaConf.to_object(cfg)  # type: ignore[assignment]
     except Exception as e:  # omegaconf's errors name the key; keep its message
