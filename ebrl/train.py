@@ -15,11 +15,7 @@ import logging
 import math
 import os
 import shutil
-import signal
-import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -32,7 +28,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from ebrl.config import ConfigError, ResourcesNode, RunConfig, register, validate
 from ebrl.evaluate import evaluate
-from ebrl.schedulers.base import RunContext
+from ebrl.schedulers.base import RunContext, UpdateBudget
+from ebrl.signals import Preempted, StopSignals
 from ebrl.stages.factory import StageFactory
 from ebrl.stages.train import load_checkpoint, snapshots
 from ebrl.timeline import Timeline
@@ -128,8 +125,15 @@ def _run_dir(run: RunConfig) -> Path:
 
 
 def _tracker(
-    run: RunConfig, summary: Summary, cfg: DictConfig, resume_id: str | None = None
+    run: RunConfig,
+    summary: Summary,
+    cfg: DictConfig,
+    resume_id: str | None = None,
+    spool: Path | None = None,
 ) -> Tracker:
+    """The run's MLflow run (a resumed attempt's: the same one). Metrics go through ``spool``
+    first (``<run_dir>/mlflow_spool.jsonl``), so a tracking server that goes away mid-run costs
+    no metric and does not stop training; see :class:`ebrl.tracking.MLflowTracker`."""
     if not run.tracking.enabled:
         return NullTracker()
     tags = {
@@ -154,6 +158,7 @@ def _tracker(
         run_name=name,
         tags=tags,
         resume_id=resume_id,
+        spool=spool,
     )
     if resume_id is None:  # params are immutable in MLflow: logged once, by the first attempt
         tr.log_params(_flat(OmegaConf.to_container(cfg, resolve=True)))  # type: ignore[arg-type]
@@ -161,27 +166,6 @@ def _tracker(
 
 
 # --- the loop ---------------------------------------------------------------------------------
-class Preempted(BaseException):
-    """SIGTERM arrived (Slurm preemption, ``scancel``): stop, keep everything, resume later."""
-
-
-@contextmanager
-def _sigterm_raises() -> Iterator[None]:
-    """Turn SIGTERM into :class:`Preempted` in the main thread while a run is in progress."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def handler(signum, frame):
-        raise Preempted(f"signal {signum}")
-
-    old = signal.signal(signal.SIGTERM, handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, old)
-
-
 @dataclass
 class Progress:
     """What the driver needs to continue a run: written after every logged update."""
@@ -204,6 +188,62 @@ class Progress:
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps(asdict(self)))
         os.replace(tmp, path)
+
+    def spent(self) -> tuple[int, float, int]:
+        """(env steps, seconds, updates) so far, as :func:`_budget_spent` takes them."""
+        return self.env_steps, self.wall_s, self.iterations
+
+
+def _resume(run: RunConfig, run_dir: Path, fingerprint: str) -> tuple[Progress, int, int]:
+    """Where this attempt starts: (progress, the learner's version, updates never logged).
+
+    The learner's checkpoint is the truth: it holds the weights, the version (one per update)
+    and the env steps trained on. ``progress.json`` (written by the driver after logging each
+    update) adds what only the driver knows (the MLflow run, wall-clock, success history). The
+    two differ when the driver stopped between the learner's save and its own log of an update
+    (a signal, a dead driver): that update's env steps count, its metrics were never logged
+    (returned as the third value, logged as ``fault/unlogged_updates``). A fresh run (no
+    progress, no checkpoint, or ``checkpoint.resume=false``) starts from nothing and removes
+    what an earlier run left in the folder.
+    """
+    ckpt_path, prog_path = run_dir / "checkpoint.pt", run_dir / "progress.json"
+    prog = Progress.load(prog_path) if run.checkpoint.resume else None
+    if prog is not None and prog.config_hash != fingerprint:
+        raise ConfigError(
+            f"run folder {run_dir} holds progress of a run with a different config; "
+            "resuming it would mix two runs: choose another run_dir, delete that folder, or "
+            "set checkpoint.resume=false to start over in it"
+        )
+    ckpt = load_checkpoint(ckpt_path) if prog is not None else None
+    if prog is None or ckpt is None:
+        for p in (ckpt_path, prog_path, run_dir / "metrics.jsonl"):
+            p.unlink(missing_ok=True)
+        return Progress(config_hash=fingerprint), 0, 0
+    version = int(ckpt["version"])
+    unlogged = 0
+    if "trained_env_steps" in ckpt:  # checkpoints from before it: the progress file counts
+        unlogged = version - prog.iterations
+        if unlogged < 0:
+            log.warning(
+                "the checkpoint (update %d) is %d update(s) behind the last logged one "
+                "(checkpoint.every_iters=%d): those updates are trained again, and MLflow "
+                "holds their first metrics at the env steps they were logged at",
+                version,
+                -unlogged,
+                run.checkpoint.every_iters,
+            )
+            unlogged = 0
+        elif unlogged > 0:
+            log.warning(
+                "%d update(s) were trained and checkpointed but never logged (the driver "
+                "stopped first): their env steps count, their metrics are lost",
+                unlogged,
+            )
+        prog.iterations, prog.env_steps = version, int(ckpt["trained_env_steps"])
+    log.info(
+        "resuming from %s at update %d (%d env steps)", run_dir, prog.iterations, prog.env_steps
+    )
+    return prog, version, unlogged
 
 
 def train(cfg: DictConfig) -> Summary:
@@ -232,26 +272,11 @@ def train(cfg: DictConfig) -> Summary:
         run_dir / "progress.json",
         run_dir / "metrics.jsonl",
     )
-    fingerprint = config_hash(cfg)
-    prog = Progress.load(prog_path) if run.checkpoint.resume else None
-    if prog is not None and prog.config_hash != fingerprint:
-        raise ConfigError(
-            f"run folder {run_dir} holds progress of a run with a different config; "
-            "resuming it would mix two runs: choose another run_dir, delete that folder, or "
-            "set checkpoint.resume=false to start over in it"
-        )
-    if prog is None or not ckpt_path.exists():
-        prog = Progress(config_hash=fingerprint)
-        for p in (ckpt_path, prog_path, jsonl):
-            p.unlink(missing_ok=True)
-    else:
-        log.info(
-            "resuming from %s at update %d (%d env steps)", run_dir, prog.iterations, prog.env_steps
-        )
+    prog, start_version, unlogged = _resume(run, run_dir, config_hash(cfg))
     np.random.seed(run.seed + prog.iterations)
     torch.manual_seed(run.seed + prog.iterations)
     timeline = Timeline()
-    factory = StageFactory.from_config(cfg)
+    factory = replace(StageFactory.from_config(cfg), start_version=start_version)
     if run.checkpoint.every_iters > 0:
         factory = replace(
             factory, checkpoint=str(ckpt_path), checkpoint_every=run.checkpoint.every_iters
@@ -264,6 +289,7 @@ def train(cfg: DictConfig) -> Summary:
         decisions_per_env=run.decisions_per_env,
         env_groups=run.env_groups,
         timeline=timeline,
+        budget=UpdateBudget(updates=run.budget.iterations, env_steps=run.budget.env_steps),
     )
     # the scheduler first: one that refuses its settings (in its constructor, or in check(ctx)
     # against the run: a baseline's fixed split, its loss) leaves no MLflow run behind
@@ -276,8 +302,12 @@ def train(cfg: DictConfig) -> Summary:
     if prog.iterations == 0 and snap_dir.exists():  # a fresh start: no earlier run's weights
         shutil.rmtree(snap_dir)
     summary.implementation = getattr(scheduler, "implementation", "ebrl")
-    tracker = _tracker(run, summary, cfg, resume_id=prog.mlflow_run_id)
+    tracker = _tracker(
+        run, summary, cfg, resume_id=prog.mlflow_run_id, spool=run_dir / "mlflow_spool.jsonl"
+    )
     prog.mlflow_run_id = tracker.run_id
+    if unlogged:
+        tracker.log_metrics({"fault/unlogged_updates": float(unlogged)}, step=prog.env_steps)
     summary.iterations, summary.env_steps = prog.iterations, prog.env_steps
     summary.time_to_80, summary.steps_to_80 = prog.time_to_80, prog.steps_to_80
     success_hist = prog.success_hist
@@ -287,9 +317,12 @@ def train(cfg: DictConfig) -> Summary:
     t_steady, steps_steady = t_start, summary.env_steps
     t_last = t_start  # when the last report arrived: shutdown time is not throughput time
     gen = scheduler.run(ctx)
-    try:
-        with _sigterm_raises():
-            for rep in gen:
+    stop = StopSignals()
+    with stop:
+        try:
+            # a requeued job whose budget was already spent (a late USR2, a second requeue)
+            # starts no workers: it only finishes
+            for rep in () if _budget_spent(run, *prog.spent()) else gen:
                 t_last = time.perf_counter()
                 now = wall0 + t_last - t_start
                 it = summary.iterations
@@ -326,33 +359,38 @@ def train(cfg: DictConfig) -> Summary:
                     )
                 if _budget_spent(run, summary.env_steps, now, summary.iterations):
                     break
-        gen.close()  # stop the stages (and their CPU use) before evaluating
-        if run.eval.every_iters > 0:
-            _evaluate_curve(run, factory, snap_dir, jsonl, summary, tracker)
-        if run.eval.episodes > 0:
-            _evaluate_final(run, factory, ckpt_path, summary, tracker)
-    except BaseException as e:
-        summary.status = "KILLED" if isinstance(e, (KeyboardInterrupt, Preempted)) else "FAILED"
-        log.error("run stopped (%s: %s); results so far are in %s", type(e).__name__, e, run_dir)
-        raise
-    finally:
-        gen.close()
-        if bar is not None:
-            bar.close()
-        wall = t_last - t_start
-        summary.wall_s = wall0 + wall
-        summary.throughput_overall = (summary.env_steps - prog.env_steps) / max(wall, 1e-9)
-        steady_s = t_last - t_steady
-        summary.throughput_e2e = (summary.env_steps - steps_steady) / max(steady_s, 1e-9)
-        if t_steady == t_start:  # fewer updates than the warm-up: no steady state to speak of
-            summary.throughput_e2e = summary.throughput_overall
-        tail = success_hist[-max(1, math.ceil(len(success_hist) * 0.1)) :]
-        summary.success_rate = float(np.mean(tail)) if tail else float("nan")
-        summary.stage_busy_s = dict(timeline.busy)
-        summary.stage_cpu_s = dict(timeline.cpu)
-        covered = timeline.covered(t_steady, until=t_last)
-        summary.overhead_frac = max(0.0, 1.0 - covered / max(steady_s, 1e-9))
-        _write_outputs(run_dir, jsonl, summary, timeline, tracker)
+            gen.close()  # stop the stages (and their CPU use) before evaluating
+            if run.eval.every_iters > 0:
+                _evaluate_curve(run, factory, snap_dir, jsonl, summary, tracker)
+            if run.eval.episodes > 0:
+                _evaluate_final(run, factory, ckpt_path, summary, tracker)
+            stop.disarm()  # done: a signal from here on cannot make it less than FINISHED
+        except BaseException as e:
+            stop.disarm()  # a second signal must not cut this clean-up short
+            stopped = isinstance(e, (KeyboardInterrupt, Preempted)) or bool(stop.received)
+            summary.status = "KILLED" if stopped else "FAILED"
+            log.error(
+                "run stopped (%s: %s); results so far are in %s", type(e).__name__, e, run_dir
+            )
+            raise
+        finally:
+            gen.close()
+            if bar is not None:
+                bar.close()
+            wall = t_last - t_start
+            summary.wall_s = wall0 + wall
+            summary.throughput_overall = (summary.env_steps - prog.env_steps) / max(wall, 1e-9)
+            steady_s = t_last - t_steady
+            summary.throughput_e2e = (summary.env_steps - steps_steady) / max(steady_s, 1e-9)
+            if t_steady == t_start:  # fewer updates than the warm-up: no steady state
+                summary.throughput_e2e = summary.throughput_overall
+            tail = success_hist[-max(1, math.ceil(len(success_hist) * 0.1)) :]
+            summary.success_rate = float(np.mean(tail)) if tail else float("nan")
+            summary.stage_busy_s = dict(timeline.busy)
+            summary.stage_cpu_s = dict(timeline.cpu)
+            covered = timeline.covered(t_steady, until=t_last)
+            summary.overhead_frac = max(0.0, 1.0 - covered / max(steady_s, 1e-9))
+            _write_outputs(run_dir, jsonl, summary, timeline, tracker)
     return summary
 
 
@@ -614,7 +652,13 @@ def _task_overrides() -> list[str]:
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="config")
 def main(cfg: DictConfig) -> None:
     check_override_order(_task_overrides())
-    s = train(cfg)
+    try:
+        s = train(cfg)
+    except Preempted as p:
+        # everything is saved and the MLflow run is KILLED: let the signal do what it would
+        # have done (Submitit requeues on USR2; Slurm sees a job ended by SIGTERM)
+        log.warning("%s: stopped; the same command in the same run folder resumes it", p)
+        p.redeliver()
     print(
         f"\n{s.scheduler} on {s.simulator}: {s.env_steps} env steps in {s.wall_s:.0f} s, "
         f"throughput {s.throughput_e2e:.0f} env steps/s (steady state), "

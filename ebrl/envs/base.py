@@ -5,10 +5,12 @@ A simulator adapter implements :class:`Env` (one environment instance, one actio
 its own chunk until its K actions are spent or its episode ends, then resets itself. Nothing in an
 env group waits for another env; schedulers decide which envs to step together.
 
-Reset seeds are a pure function of ``(seed, reset_group, episode_id)`` where
+Reset seeds are a pure function of ``(seed, reset_group, episode_id, stream)`` where
 ``reset_group = env_id // reset_group_size``: envs of one reset group start each of their
 episodes from the same initial state, which is what GRPO's group-relative advantages need; with
-``reset_group_size = 1`` every env gets its own stream of initial states.
+``reset_group_size = 1`` every env gets its own stream of initial states. ``stream`` is the
+learner version a resumed run restarts at (0 for a fresh run): a resumed attempt's episodes come
+from a family of initial states of their own instead of replaying the first attempt's.
 """
 
 from __future__ import annotations
@@ -58,9 +60,13 @@ class Env(Protocol):
     def close(self) -> None: ...
 
 
-def reset_seed(seed: int, reset_group: int, episode_id: int) -> int:
-    """Deterministic reset seed for an episode; distinct inputs give distinct streams."""
-    ss = np.random.SeedSequence([seed & 0xFFFFFFFF, reset_group, episode_id])
+def reset_seed(seed: int, reset_group: int, episode_id: int, stream: int = 0) -> int:
+    """Deterministic reset seed for an episode; distinct inputs give distinct streams.
+
+    ``stream`` 0 (a fresh run) keeps the three-part entropy the seeds have always had, so a run
+    that never resumes draws exactly the initial states it drew before resuming existed."""
+    entropy = [seed & 0xFFFFFFFF, reset_group, episode_id] + ([stream] if stream else [])
+    ss = np.random.SeedSequence(entropy)
     return int(ss.generate_state(1, dtype=np.uint32)[0])
 
 
@@ -72,6 +78,7 @@ class EnvGroup:
         env_ids: global env ids of these envs (ids are unique across all groups of a run).
         seed: run seed; reset seeds derive from it (see module docstring).
         reset_group_size: envs with the same ``env_id // reset_group_size`` share initial states.
+        stream: family of initial states (see the module docstring; 0: a fresh run).
     """
 
     def __init__(
@@ -80,6 +87,7 @@ class EnvGroup:
         env_ids: list[int],
         seed: int,
         reset_group_size: int = 1,
+        stream: int = 0,
     ) -> None:
         if len(envs) != len(env_ids) or not envs:
             raise ValueError("EnvGroup: need one env per env id, and at least one")
@@ -92,6 +100,7 @@ class EnvGroup:
         self.spec = envs[0].spec
         self.seed = seed
         self.reset_group_size = max(1, reset_group_size)
+        self.stream = stream
         self.episode_id = np.zeros(len(envs), dtype=np.int64)
         self.episode_step = np.zeros(len(envs), dtype=np.int64)
         self._obs = np.zeros((len(envs), self.spec.obs_dim), dtype=np.float32)
@@ -103,7 +112,9 @@ class EnvGroup:
 
     def _reset_one(self, i: int) -> np.ndarray:
         gid = int(self.env_ids[i])
-        s = reset_seed(self.seed, gid // self.reset_group_size, int(self.episode_id[i]))
+        s = reset_seed(
+            self.seed, gid // self.reset_group_size, int(self.episode_id[i]), self.stream
+        )
         return self.envs[i].reset(s)
 
     def reset(self) -> torch.Tensor:

@@ -127,22 +127,37 @@ class RayBackend:
         num_cpus: logical CPUs for a local instance (default: this machine's).
     """
 
+    #: how long :meth:`shutdown` waits for ``ray.shutdown`` (see there)
+    shutdown_timeout_s = 3.0
+
     def __init__(self, address: str = "local", num_cpus: int | None = None) -> None:
         import ray
 
+        from ebrl.runtime.watchdog import Watchdog
+        from ebrl.signals import keep_handlers
+
         self._ray = ray
         self._started = False
+        self._watchdog: Watchdog | None = None
         if not ray.is_initialized():
             keep = ("VK_ICD_FILENAMES", "OMP_WAIT_POLICY", "EBRL_COMMIT")
             env = {"env_vars": {k: v for k, v in os.environ.items() if k in keep}}
-            ray.init(
-                address=address,
-                include_dashboard=False,
-                num_cpus=num_cpus or os.cpu_count(),
-                log_to_driver=True,
-                logging_level=logging.WARNING,
-                runtime_env=env,
-            )
+            # a local instance is this driver's to clean up, even if the driver is SIGKILLed
+            self._watchdog = Watchdog() if address == "local" else None
+            try:
+                with keep_handlers():  # Ray's SIGTERM handler would end a preempted run FAILED
+                    ray.init(
+                        address=address,
+                        include_dashboard=False,
+                        num_cpus=num_cpus or os.cpu_count(),
+                        log_to_driver=True,
+                        logging_level=logging.WARNING,
+                        runtime_env=env,
+                    )
+            except BaseException:
+                if self._watchdog is not None:
+                    self._watchdog.stop()
+                raise
             self._started = True
         self.handles: list[RayHandle] = []
 
@@ -162,5 +177,20 @@ class RayBackend:
                 self._ray.kill(h.actor, no_restart=True)
         self.handles.clear()
         if self._started:
-            self._ray.shutdown()
             self._started = False
+            # bounded: when Ray's own processes were signalled too (Slurm signals every process
+            # of a job), ray.shutdown waits ~8 s on its dead GCS; a preempted job has better
+            # uses for its grace period. The watchdog then ends what is left at our exit.
+            done = threading.Thread(target=self._ray.shutdown, daemon=True, name="ray-shutdown")
+            done.start()
+            done.join(timeout=self.shutdown_timeout_s)
+            if done.is_alive():
+                log.warning(
+                    "Ray did not shut down within %.0f s (were its processes signalled too?); "
+                    "the orphan watchdog ends them when this process exits",
+                    self.shutdown_timeout_s,
+                )
+                return
+        if self._watchdog is not None:
+            self._watchdog.stop()
+            self._watchdog = None

@@ -66,7 +66,13 @@ class ShmSlots:
 
     @classmethod
     def create(cls, num_envs: int, obs_dim: int, chunk_size: int, action_dim: int) -> ShmSlots:
-        name = f"ebrl_{uuid.uuid4().hex[:12]}"
+        """New slots named after this process (``ebrl_<pid>_<id>``), so that the segments of a
+        driver that died without unlinking them are found and removed (here, first, and by
+        the orphan watchdog)."""
+        from ebrl.runtime.watchdog import shm_prefix, sweep_dead_drivers
+
+        sweep_dead_drivers()
+        name = f"{shm_prefix(os.getpid())}{uuid.uuid4().hex[:12]}"
         spec = SlotSpec(num_envs, obs_dim, chunk_size, action_dim, name, os.getpid())
         return cls(spec, create=True)
 

@@ -48,6 +48,26 @@ class IterationReport:
     metrics: dict[str, float] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class UpdateBudget:
+    """The part of the run's budget a learner can check by itself, in the units the driver
+    counts (learner versions, trained env steps), so that an asynchronous learner stops at the
+    update where the driver stops counting instead of training one more that nobody logs.
+
+    Attributes:
+        updates: stop once the learner's version reaches this (None: no limit).
+        env_steps: stop once this many env steps have been trained on (None: no limit).
+    """
+
+    updates: int | None = None
+    env_steps: int | None = None
+
+    def spent(self, version: int, trained_env_steps: int) -> bool:
+        return (self.updates is not None and version >= self.updates) or (
+            self.env_steps is not None and trained_env_steps >= self.env_steps
+        )
+
+
 @dataclass
 class RunContext:
     """What a scheduler gets: how to build the stages, the shape of the run, a shared clock.
@@ -57,12 +77,14 @@ class RunContext:
         decisions_per_env: T, decisions each env contributes to one segment.
         env_groups: G, env groups (the unit of pipelining and of lock-step batching).
         timeline: where every stage span of the run is recorded.
+        budget: where the learner stops by itself (the driver stops iterating there too).
     """
 
     factory: StageFactory
     decisions_per_env: int
     env_groups: int
     timeline: Timeline
+    budget: UpdateBudget = field(default_factory=UpdateBudget)
 
     def build_local(self) -> Stages:
         """All stages in this process, one sim stage per env group."""
@@ -87,3 +109,9 @@ class StageError(RuntimeError):
     def __init__(self, stage: str, detail: str) -> None:
         super().__init__(f"stage '{stage}' failed: {detail}")
         self.stage = stage
+        self.detail = detail
+
+    def __reduce__(self) -> tuple[type, tuple[str, str]]:
+        # pickled as its two arguments (a launcher unpickles a job's error: the default would
+        # call __init__ with the message alone and fail)
+        return (StageError, (self.stage, self.detail))

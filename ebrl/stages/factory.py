@@ -39,6 +39,10 @@ class StageFactory:
     #: folder the learner keeps weight snapshots in, every ``snapshot_every`` updates
     snapshots: str | None = None
     snapshot_every: int = 1
+    #: the learner version the run (re)starts at: 0 for a fresh run, the checkpoint's version
+    #: for a resumed one. Env resets and sampling noise draw from streams of their own per
+    #: attempt, so a resumed run does not replay the first attempt's episodes and noise
+    start_version: int = 0
 
     @classmethod
     def from_config(cls, cfg: DictConfig) -> StageFactory:
@@ -62,7 +66,9 @@ class StageFactory:
         kwargs = {"env_id": env_id} if "env_id" in inspect.signature(cls).parameters else {}
         return instantiate(sim, **kwargs)
 
-    def sim(self, env_ids: list[int]) -> SimStage:
+    def sim(self, env_ids: list[int], incarnation: int = 0) -> SimStage:
+        """The env group of ``env_ids``; ``incarnation`` > 0 for a replacement of a dead env
+        worker (its resets draw from a stream of their own, not its predecessor's again)."""
         # GRPO's groups share initial states: reset them with common seeds
         reset_group = int(self.cfg["algo"]["cfg"].get("group_size", 1))
         group = EnvGroup(
@@ -70,6 +76,7 @@ class StageFactory:
             env_ids,
             seed=int(self.cfg["seed"]),
             reset_group_size=reset_group,
+            stream=self.start_version + (incarnation << 32),
         )
         return SimStage(group)
 
@@ -91,7 +98,12 @@ class StageFactory:
         ckpt = load_checkpoint(self.checkpoint) if self.checkpoint else None
         if ckpt is not None:  # resuming: act with the learner's last saved weights
             policy.set_weights(int(ckpt["version"]), ckpt["policy"])
-        return GenStage(policy, threads=int(self.cfg["threads"]["gen"]), seed=int(self.cfg["seed"]))
+        return GenStage(
+            policy,
+            threads=int(self.cfg["threads"]["gen"]),
+            seed=int(self.cfg["seed"]),
+            stream=self.start_version,
+        )
 
     def train(self) -> TrainStage:
         algo = instantiate(self.node.algo, policy=self.policy(), _convert_="object")
@@ -99,8 +111,10 @@ class StageFactory:
         if ckpt is not None:
             algo.policy.set_weights(int(ckpt["version"]), ckpt["policy"])
             algo.optimizer.load_state_dict(ckpt["optimizer"])
+            if "torch_rng" in ckpt:  # checkpoints from before it have none
+                torch.set_rng_state(ckpt["torch_rng"])
         inject = self.cfg.get("inject") or {}  # configs from before the option have none
-        return TrainStage(
+        stage = TrainStage(
             algo,
             threads=int(self.cfg["threads"]["train"]),
             checkpoint=self.checkpoint,
@@ -110,3 +124,6 @@ class StageFactory:
             extra_after=inject.get("train_after_updates"),
             extra_epochs=int(inject.get("train_extra_epochs", 0)),
         )
+        if ckpt is not None:
+            stage.trained_env_steps = int(ckpt.get("trained_env_steps", 0))
+        return stage

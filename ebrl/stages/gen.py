@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from ebrl.policies.base import Policy
@@ -19,12 +20,17 @@ class GenStage:
         policy: the acting copy (never the learner's module: weights arrive by :meth:`load`).
         threads: torch intra-op threads while generating (None leaves torch's setting).
         seed: run seed for the per-env noise streams.
+        stream: the learner version a resumed run restarts at (0: a fresh run); a resumed
+            attempt draws fresh noise streams instead of replaying the first attempt's.
     """
 
-    def __init__(self, policy: Policy, threads: int | None = None, seed: int = 0) -> None:
+    def __init__(
+        self, policy: Policy, threads: int | None = None, seed: int = 0, stream: int = 0
+    ) -> None:
         self.policy = policy.eval()
         self.threads = threads
         self.seed = seed
+        self.stream = stream
         self._rng: dict[int, torch.Generator] = {}
         k, a = policy.spec.chunk_size, policy.spec.action_dim
         self._shape = (k, a)
@@ -38,7 +44,9 @@ class GenStage:
         for e in env_ids.tolist():
             g = self._rng.get(e)
             if g is None:
-                g = self._rng[e] = torch.Generator().manual_seed(self.seed * 1_000_003 + e)
+                g = self._rng[e] = torch.Generator().manual_seed(
+                    noise_seed(self.seed, e, self.stream)
+                )
             rows.append(torch.randn(self._shape, generator=g))
         return torch.stack(rows)
 
@@ -51,3 +59,11 @@ class GenStage:
         """Install the learner's weights (a no-op if this version is already loaded)."""
         if version != self.policy.version:
             self.policy.set_weights(version, weights)
+
+
+def noise_seed(seed: int, env_id: int, stream: int = 0) -> int:
+    """The seed of env ``env_id``'s sampling-noise stream (stream 0: as before resuming existed)."""
+    if stream == 0:
+        return seed * 1_000_003 + env_id
+    ss = np.random.SeedSequence([seed & 0xFFFFFFFF, env_id, stream, 0x6E6F6973])  # "nois"
+    return int(ss.generate_state(1, dtype=np.uint64)[0] >> 1)

@@ -55,6 +55,9 @@ class TrainStage:
         self.snapshot_every = max(1, snapshot_every)
         self.extra_after = extra_after
         self.extra_epochs = extra_epochs
+        #: env steps of every segment this learner has trained on, across resumed attempts (the
+        #: checkpoint carries it): what a resumed run's driver counts from
+        self.trained_env_steps = 0
 
     @property
     def version(self) -> int:
@@ -72,6 +75,7 @@ class TrainStage:
             and self.version >= self.extra_after
         )
         metrics = self.algo.update(seg)
+        self.trained_env_steps += seg.num_steps
         if loaded:
             extra_passes(self.algo.policy, seg, self.extra_epochs)
         metrics["train/injected_load"] = float(loaded)
@@ -79,7 +83,7 @@ class TrainStage:
         for v, count in enumerate(hist.tolist()):
             metrics[f"pipeline/staleness_frac_{v}"] = count / max(1, seg.policy_version.numel())
         if self.checkpoint is not None and self.version % self.every == 0:
-            save_learner(self.checkpoint, self.algo)
+            save_learner(self.checkpoint, self.algo, self.trained_env_steps)
         if self.snapshots is not None and self.version % self.snapshot_every == 0:
             save_snapshot(self.snapshots, self.algo.policy)
         return metrics
@@ -100,13 +104,17 @@ def extra_passes(policy: Policy, seg: Segment, passes: int) -> None:
         policy.zero_grad(set_to_none=True)
 
 
-def save_learner(path: Path, algo: Algorithm) -> None:
-    """Policy weights, version and optimiser state, written atomically (a kill mid-write leaves
-    the previous checkpoint intact)."""
+def save_learner(path: Path, algo: Algorithm, trained_env_steps: int = 0) -> None:
+    """Everything a resumed learner needs to continue exactly: policy weights, version,
+    optimiser state, the env steps trained on so far and the learner process's torch random
+    state (minibatch shuffles continue their stream). Written atomically: a kill mid-write leaves
+    the previous checkpoint intact."""
     state = {
         "version": algo.policy.version,
         "policy": algo.policy.state_dict(),
         "optimizer": algo.optimizer.state_dict(),
+        "trained_env_steps": int(trained_env_steps),
+        "torch_rng": torch.get_rng_state(),
     }
     tmp = path.with_suffix(".tmp")
     torch.save(state, tmp)

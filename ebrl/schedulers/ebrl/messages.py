@@ -22,10 +22,35 @@ class Ready:
 
 @dataclass(slots=True)
 class Hello:
-    """env worker -> gen, once: its pid (for core rebinding)."""
+    """env worker -> gen, once per process: its pid (for core rebinding).
+
+    A replacement for a dead env worker (``incarnation`` > 0) also gives its inbox and the
+    decision its envs start counting from (``first_segment`` x T): the generator drops what it
+    held for the dead process's envs and counts the decisions lost with it. Sent on the same
+    connection as the worker's first ``Ready``, so it always arrives before it.
+    """
 
     worker: int
     pid: int
+    incarnation: int = 0
+    address: Any = None
+    first_decision: int = 0
+
+
+@dataclass(slots=True)
+class Lost:
+    """driver -> learner: env worker ``worker``'s process died; which segment does it owe?"""
+
+    worker: int
+
+
+@dataclass(slots=True)
+class Owed:
+    """learner -> driver: the first segment index the learner has no part of ``worker`` for
+    (the replacement worker starts its segments there)."""
+
+    worker: int
+    index: int
 
 
 @dataclass(slots=True)

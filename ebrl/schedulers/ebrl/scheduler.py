@@ -39,13 +39,13 @@ from typing import Any
 import numpy as np
 
 from ebrl.resources.apply import affinity_guard, threads_guard
-from ebrl.runtime.backend import InProcessBackend, RayBackend
+from ebrl.runtime.backend import InProcessBackend, RayBackend, WorkerDied
 from ebrl.runtime.channel import Inbox, Outbox, new_authkey, node_ip
 from ebrl.runtime.slots import ShmSlots, SlotSpec
 from ebrl.schedulers.base import IterationReport, RunContext, StageError
 from ebrl.schedulers.ebrl import manage
 from ebrl.schedulers.ebrl.manage import ResourceDriver
-from ebrl.schedulers.ebrl.messages import Applied, Failed, Report, Stop, Telemetry
+from ebrl.schedulers.ebrl.messages import Applied, Failed, Lost, Owed, Report, Stop, Telemetry
 from ebrl.schedulers.ebrl.rebind import home_cores
 from ebrl.schedulers.ebrl.workers import EnvWorker, GenWorker, LearnerWorker, Plan
 
@@ -80,6 +80,8 @@ class EBRLScheduler:
         pin_sim: pin each env worker to a home core (round robin over this process's CPUs).
         rebind: level 3's core rebinding: idle env workers' cores go to straggling ones
             (implies ``pin_sim``; needs ``step_level``).
+        max_restarts: env worker processes that may die (a simulator crash, the OOM killer)
+            and be replaced during the run, in all; one more stops it with a StageError.
     """
 
     backend: str = "ray"
@@ -94,6 +96,7 @@ class EBRLScheduler:
     resources: dict[str, dict[str, float]] | None = None
     pin_sim: bool = False
     rebind: bool = False
+    max_restarts: int = 3
 
     def __post_init__(self) -> None:
         if self.rebind and not self.step_level:
@@ -104,6 +107,8 @@ class EBRLScheduler:
             raise ValueError(f"scheduler.staleness={self.staleness}: must be within 0..8")
         if self.sim_workers < 1:
             raise ValueError("scheduler.sim_workers must be >= 1")
+        if self.max_restarts < 0:
+            raise ValueError(f"scheduler.max_restarts={self.max_restarts}: must be >= 0")
 
     @property
     def k(self) -> int:
@@ -133,6 +138,8 @@ class EBRLScheduler:
             else None,
             rebind=self.rebind,
             driver_pid=os.getpid(),
+            start_version=ctx.factory.start_version,
+            budget=ctx.budget,
         )
         if resources is None:
             return plan
@@ -191,7 +198,11 @@ class EBRLScheduler:
                 h.start(peers, plan)
             if manager is not None:
                 manager.connect(peers, authkey)
-            yield from self._relay(inbox, handles, ctx, plan, manager)
+            restarts = _EnvRestarts(
+                backend, factory, workers, authkey, host, res.get("sim"), peers, plan,
+                self.max_restarts,
+            )  # fmt: skip
+            yield from self._relay(inbox, handles, ctx, plan, manager, restarts)
         finally:
             if manager is not None:
                 manager.close()
@@ -204,14 +215,20 @@ class EBRLScheduler:
         ctx: RunContext,
         plan: Plan,
         manager: ResourceDriver | None = None,
+        restarts: _EnvRestarts | None = None,
     ):
-        """Yield the learner's reports; merge telemetry; turn any failure into a StageError."""
+        """Yield the learner's reports; merge telemetry; replace dead env workers; turn any
+        other failure into a StageError."""
         gauges: dict[str, float] = {}
         while True:
             for m in inbox.recv(timeout=0.5):
-                if isinstance(m, Report):
+                if isinstance(m, Owed) and restarts is not None:
+                    restarts.replace(m, handles)
+                elif isinstance(m, Report):
                     metrics = {**m.metrics, **gauges}
                     metrics["pipeline/staleness_bound"] = float(plan.staleness)
+                    if restarts is not None:
+                        metrics["fault/env_worker_restarts"] = float(restarts.done)
                     if manager is not None:
                         metrics.update(manager.report(m.iteration, m.metrics))
                     yield IterationReport(m.iteration, m.env_steps, metrics)
@@ -232,8 +249,15 @@ class EBRLScheduler:
                         m.worker, f"{m.error}\n--- worker traceback ---\n{m.traceback}"
                     )
             for h in handles:
+                if restarts is not None and h in restarts.dead:
+                    continue
                 try:
                     finished = h.poll()
+                except WorkerDied as e:
+                    if restarts is None or not h.name.startswith("sim"):
+                        raise StageError(h.name, f"{type(e).__name__}: {e}") from e
+                    restarts.died(h, str(e))
+                    continue
                 except Exception as e:
                     raise StageError(h.name, f"{type(e).__name__}: {e}") from e
                 if finished:
@@ -258,3 +282,62 @@ class EBRLScheduler:
         inbox.close()
         if slots is not None:
             slots.close()
+
+
+class _EnvRestarts:
+    """Replaces env worker processes that die while the run goes on (at most ``limit`` in all).
+
+    A death (Ray reports the actor's process gone) is answered in two steps, neither of which
+    stops the other workers: the learner is asked which segment it still needs of that worker
+    (:class:`Lost` -> :class:`Owed`), then a new process with the same envs is started there.
+    Its envs reset; the decisions its predecessor had taken since that segment are lost (the
+    generator counts them: ``fault/lost_decisions``) and never trained on. Only env workers are
+    replaced: a dead generator or learner holds state no other process has, and stops the run
+    with a StageError (its checkpoint resumes it).
+    """
+
+    def __init__(
+        self,
+        backend: Any,
+        factory: Any,
+        workers: list[list[int]],
+        authkey: bytes,
+        host: str,
+        resources: dict[str, float] | None,
+        peers: dict[str, Any],
+        plan: Plan,
+        limit: int,
+    ) -> None:
+        self.backend, self.factory, self.workers = backend, factory, workers
+        self.authkey, self.host, self.resources = authkey, host, resources
+        self.peers, self.plan, self.limit = peers, plan, limit
+        self.done = 0
+        self.dead: list[Any] = []  # handles of dead processes (never polled again)
+        self.why: dict[int, str] = {}
+
+    def died(self, handle: Any, why: str) -> None:
+        w = int(handle.name.removeprefix("sim"))
+        if self.done >= self.limit:
+            raise StageError(
+                handle.name,
+                f"{why}; {self.done} env worker(s) already replaced during this run "
+                f"(scheduler.max_restarts={self.limit}): stopping. The checkpoint resumes it",
+            )
+        self.done += 1
+        self.dead.append(handle)
+        self.why[w] = why
+        log.warning("%s: %s; replacing it (%d/%d)", handle.name, why, self.done, self.limit)
+        out = Outbox(self.peers["learner"], self.authkey)
+        out.send(Lost(w))
+        out.close()
+
+    def replace(self, owed: Owed, handles: list) -> None:
+        w = owed.worker
+        h = self.backend.spawn(
+            f"sim{w}", EnvWorker, w, self.workers[w], self.factory, self.authkey, self.host,
+            owed.index, self.done, resources=self.resources,
+        )  # fmt: skip
+        self.peers[f"sim{w}"], _ = h.open()
+        handles.append(h)
+        h.start(self.peers, self.plan)
+        log.warning("sim%d: replaced; it continues at segment %d", w, owed.index)

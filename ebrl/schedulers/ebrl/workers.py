@@ -18,7 +18,7 @@ import os
 import time
 import traceback
 from collections import OrderedDict, deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -28,11 +28,14 @@ from ebrl.resources.apply import pin, pin_process, rebind
 from ebrl.rollout import EpisodeStats, SegmentBuilder
 from ebrl.runtime.channel import Address, Inbox, Outbox, node_ip
 from ebrl.runtime.slots import SlotSpec, open_slots
+from ebrl.schedulers.base import UpdateBudget
 from ebrl.schedulers.ebrl.messages import (
     Applied,
     Failed,
     Go,
     Hello,
+    Lost,
+    Owed,
     Part,
     Ready,
     Report,
@@ -67,6 +70,10 @@ class Plan:
         train_resources: the learner's starting threads and cores (None: its stage's own).
         driver_pid: the driver's process: a worker running inside it (the in-process backend)
             pins only its own thread, never the driver's other threads.
+        start_version: the learner's version when this attempt started (0, or a resumed run's
+            checkpoint version): segment ``i`` of the attempt is trained by version
+            ``start_version + i``.
+        budget: the learner trains no update past it (its segments are left to the shutdown).
     """
 
     workers: list[list[int]]
@@ -82,6 +89,8 @@ class Plan:
     gen_resources: Resources | None = None
     train_resources: Resources | None = None
     driver_pid: int = 0
+    start_version: int = 0
+    budget: UpdateBudget = field(default_factory=UpdateBudget)
 
     def owner(self) -> dict[int, int]:
         return {e: w for w, ids in enumerate(self.workers) for e in ids}
@@ -151,6 +160,15 @@ class _Worker:
 
     def _connect(self, peers: dict[str, Address]) -> None: ...
 
+    def _check_version(self) -> None:
+        """The staleness gate counts segments from ``plan.start_version``: a generator or learner
+        that loaded other weights (another checkpoint) would break the bound silently."""
+        if self.stage.version != self.plan.start_version:
+            raise RuntimeError(
+                f"{self.name} starts at policy version {self.stage.version}, the run at "
+                f"{self.plan.start_version}: it loaded another checkpoint than the driver read"
+            )
+
     def _loop(self) -> None: ...
 
     def _set_batch(self, batch_min: int) -> None:
@@ -190,18 +208,34 @@ class _Worker:
 
 # --- simulation -------------------------------------------------------------------------------
 class EnvWorker(_Worker):
-    """Owns one env group's worth of envs (one process); steps chunks as they arrive."""
+    """Owns one env group's worth of envs (one process); steps chunks as they arrive.
+
+    Args:
+        first_segment: the segment index its first part belongs to (a replacement for a dead
+            worker continues where the learner is missing its predecessor's part).
+        incarnation: 0 for the run's first process of this worker, n for its n-th replacement
+            (its envs reset from a stream of initial states of their own).
+    """
 
     def __init__(
-        self, index: int, env_ids: list[int], factory: StageFactory, authkey: bytes, host: str
+        self,
+        index: int,
+        env_ids: list[int],
+        factory: StageFactory,
+        authkey: bytes,
+        host: str,
+        first_segment: int = 0,
+        incarnation: int = 0,
     ) -> None:
         super().__init__(factory, authkey, host)
         self.index = index
         self.name = f"sim{index}"
         self.env_ids = env_ids
+        self.first_segment = first_segment
+        self.incarnation = incarnation
 
     def open(self) -> tuple[Address, EnvSpec]:
-        self.stage = self.factory.sim(self.env_ids)
+        self.stage = self.factory.sim(self.env_ids, incarnation=self.incarnation)
         return self._open_inbox(), self.stage.group.spec
 
     def _connect(self, peers: dict[str, Address]) -> None:
@@ -209,7 +243,8 @@ class EnvWorker(_Worker):
             pin(0, self.plan.home[self.index])
         self.gen = Outbox(peers["gen"], self.authkey)
         self.learner = Outbox(peers["learner"], self.authkey)
-        self.gen.send(Hello(self.index, os.getpid()))
+        first = self.first_segment * self.plan.decisions_per_env
+        self.gen.send(Hello(self.index, os.getpid(), self.incarnation, self.inbox.address, first))
 
     def _ready(self, ids: np.ndarray, obs: np.ndarray) -> None:
         self.gen.send(Ready(ids, self.slots.put_obs(ids, obs)))
@@ -227,7 +262,7 @@ class EnvWorker(_Worker):
             if len(ids):
                 self._ready(ids, torch.stack([last_obs[int(e)] for e in ids]).numpy())
         work: deque[Go] = deque()
-        seg_index = 0
+        seg_index = self.first_segment
         while True:
             for m in self.inbox.recv(timeout=0.0 if work else None):
                 if isinstance(m, Stop):
@@ -286,6 +321,9 @@ class GenWorker(_Worker):
         self.pending = dict.fromkeys(range(n), 0)  # env worker -> envs it is stepping
         self.bound: dict[int, frozenset[int]] = dict(self.plan.home or {})
         self.rebinds = 0
+        self.incarnation = dict.fromkeys(range(n), 0)  # env worker -> its process's incarnation
+        self.gone: set[int] = set()  # env workers whose process died (until replaced)
+        self.lost_decisions = 0  # decisions issued to dead env workers, never trained on
         self.batch_min = self.plan.batch_min
         # rollout accounting for the allocator: decisions issued, and env-seconds in which a
         # ready env waited only because acting on it would break the staleness bound
@@ -294,6 +332,8 @@ class GenWorker(_Worker):
         self.blocked_env_s = 0.0
         self._n_blocked = 0
         self._t_acc = time.perf_counter()
+        self._owner = self.plan.owner()
+        self._check_version()
         if self.plan.gen_resources is not None:
             self.apply_resources(self.plan.gen_resources)
 
@@ -323,12 +363,43 @@ class GenWorker(_Worker):
             self.bound.update({w: c for w, c in want.items() if w in self.pids})
             self.rebinds += 1
 
+    def _replaced(self, m: Hello, decisions: np.ndarray, ready: OrderedDict, payload: dict) -> None:
+        """A replacement env worker: forget its predecessor's envs' state, count what was lost
+        (decisions issued after the last segment the learner has of it), talk to the new one."""
+        w = m.worker
+        mine = np.array(self.plan.workers[w], dtype=np.int64)
+        self.lost_decisions += int((decisions[mine] - m.first_decision).clip(min=0).sum())
+        decisions[mine] = m.first_decision
+        for e in mine.tolist():
+            ready.pop(e, None)
+            payload.pop(e, None)
+        self.pending[w] = 0
+        with contextlib.suppress(OSError):
+            self.envs[w].close()
+        self.envs[w] = Outbox(m.address, self.authkey)
+        self.incarnation[w] = m.incarnation
+        self.gone.discard(w)
+
+    def _send_go(self, w: int, go: Go) -> bool:
+        """Hand env worker ``w`` its chunks; False if its process is gone (the driver replaces
+        it, and the replacement's Hello resets its envs here)."""
+        if w in self.gone:
+            return False
+        try:
+            self.envs[w].send(go)
+            return True
+        except OSError:
+            self.gone.add(w)
+            self.pids.pop(w, None)
+            return False
+
     def _eligible(self, e: int, decisions: np.ndarray) -> bool:
-        # the decision lands in segment decisions[e] // T, trained by learner version == that
-        # index; acting with version v keeps staleness <= k iff index - v <= k
-        return (
-            decisions[e] // self.plan.decisions_per_env - self.plan.staleness <= self.stage.version
-        )
+        # the decision lands in the attempt's segment decisions[e] // T, trained by learner
+        # version start_version + that index; acting with version v keeps staleness <= k iff
+        # start_version + index - v <= k
+        plan = self.plan
+        trainer = plan.start_version + decisions[e] // plan.decisions_per_env
+        return trainer - plan.staleness <= self.stage.version and self._owner[e] not in self.gone
 
     def _pick(self, ready: OrderedDict[int, float], decisions: np.ndarray) -> list[int]:
         plan = self.plan
@@ -373,6 +444,8 @@ class GenWorker(_Worker):
                         with tl.span("load", self.name, version=m.version):
                             self.stage.load(m.version, m.state)
                     elif isinstance(m, Hello):
+                        if m.incarnation > self.incarnation[m.worker]:
+                            self._replaced(m, decisions, ready, payload)
                         self.pids[m.worker] = m.pid
                     elif isinstance(m, Resources):
                         self.apply_resources(m)
@@ -410,8 +483,8 @@ class GenWorker(_Worker):
                 by_worker.setdefault(owner[e], []).append(row)
             for w, rows in by_worker.items():
                 part = chunk.select(torch.tensor(rows))
-                self.envs[w].send(Go(part.env_ids.numpy(), self.slots.put_chunk(part)))
-                self.pending[w] += len(rows)
+                if self._send_go(w, Go(part.env_ids.numpy(), self.slots.put_chunk(part))):
+                    self.pending[w] += len(rows)
             self._rebind()
             self.flush(
                 {
@@ -423,6 +496,7 @@ class GenWorker(_Worker):
                     "resource/gen_busy_s": self.gen_busy_s,
                     "resource/gen_blocked_env_s": self.blocked_env_s,
                     "resource/gen_clock": time.perf_counter(),
+                    "fault/lost_decisions": float(self.lost_decisions),
                 }
             )
 
@@ -443,6 +517,7 @@ class LearnerWorker(_Worker):
 
     def _connect(self, peers: dict[str, Address]) -> None:
         self.gen = Outbox(peers["gen"], self.authkey)
+        self._check_version()
         if self.plan.train_resources is not None:
             self.apply_resources(self.plan.train_resources)
 
@@ -457,9 +532,16 @@ class LearnerWorker(_Worker):
                     return
                 if isinstance(m, Part):
                     parts.setdefault(m.index, {})[m.worker] = m
+                elif isinstance(m, Lost):  # its replacement starts at the first part missing
+                    owed = index
+                    while m.worker in parts.get(owed, {}):
+                        owed += 1
+                    self.driver.send(Owed(m.worker, owed))
                 elif isinstance(m, Resources):
                     self.apply_resources(m)
-            while len(parts.get(index, {})) == n_workers:
+            while len(parts.get(index, {})) == n_workers and not plan.budget.spent(
+                self.stage.version, self.stage.trained_env_steps
+            ):
                 got = parts.pop(index)
                 seg = Segment.cat_envs([got[w].segment for w in range(n_workers)])
                 stale = int((self.stage.version - seg.policy_version).max())
