@@ -9,18 +9,21 @@ export VK_ICD_FILENAMES ?= $(abspath $(VULKAN))
 export PYTHONUNBUFFERED := 1
 SEEDS ?= 0,1,2
 
-.PHONY: help setup run train test test-gpu test-rlinf lint format bench-sim bench-learn learn-report late-eval bench-sched bench-alloc clean
+.PHONY: help setup run train test test-faults test-gpu test-rlinf test-slurm lint format bench-sim bench-learn learn-report late-eval bench-sched bench-alloc bench-soak clean
 
 help:
 	@echo "make run        set up, then the main job: EBRL vs Colocated/Hybrid/Async, 3 seeds (~10 min)"
 	@echo "make train      one short PPO training run with a progress bar"
 	@echo "make test       set up, then the default test suite"
+	@echo "make test-faults the fault-injection matrix: every scheduler x signals, killed workers and drivers (~40 min)"
 	@echo "make test-gpu   the GPU checks (NVIDIA GPU + MPS), scripts/gpu_check.sh"
 	@echo "make test-rlinf the RLinf golden tests (own venv with rlinf 0.3, RLinf checkout at v0.3)"
+	@echo "make test-slurm a single-node Slurm here (installs slurm-wlm, munge), a job requeued twice (~8 min)"
 	@echo "make bench-sim  simulator throughput per process"
 	@echo "make bench-sched  every scheduler side by side with CIs, ablation, bound (~20 min)"
 	@echo "make bench-learn  PPO/GRPO learning curves on PushCube-v1 (SEEDS=$(SEEDS))"
 	@echo "make bench-alloc  elastic allocator: profile, chosen vs every split, vs even, slowed simulator and learner, each against a frozen twin (~80 min)"
+	@echo "make bench-soak  a 30-min EBRL run, RSS / fds / shared memory sampled every minute"
 	@echo "make lint       ruff check + format check"
 	@echo "make table-headline|fig-scaling|fig-convergence|fig-staleness|table-ablation|table-grpo [SIZE=cpu|full]"
 	@echo "               run a paper table/figure (CPU size here; SIZE=full: Slurm); see REPRODUCE.md"
@@ -65,6 +68,13 @@ train: setup
 test: setup
 	$(PY) -m pytest -q
 
+# The fault-injection matrix (tests/test_faults.py): every scheduler x SIGTERM (driver; whole
+# job), USR2, SIGINT, SIGKILL of the driver, of an env worker, the generator, the learner; each
+# run again and checked (one MLflow run, continuous history, exact counts, no process left).
+# `make test` runs its fast cells.
+test-faults: setup
+	$(PY) -m pytest -q -m "faults or not faults" tests/test_faults.py
+
 test-gpu: setup
 	$(PY) -m pytest -q -m gpu
 
@@ -81,6 +91,25 @@ test-rlinf:
 	  git clone -q --depth 1 --branch v0.3 https://github.com/RLinf/RLinf $(RLINF_REPO)
 	RLINF_REPO=$(abspath $(RLINF_REPO)) $(RLINF_VENV)/bin/python -m pytest -q -rs \
 	  tests/test_rlinf_translate.py
+
+# The real-Slurm checks (issue 15, preemption and faults), skipped by `make test`: a single-node
+# Slurm on this machine (scripts/slurm_local.sh: installs Debian's slurm-wlm and munge if missing,
+# writes .cache/slurm/slurm.conf for this host, starts munged, slurmctld, slurmd), then
+# tests/slurm/ (a training job submitted through ebrl.launch, requeued twice with scontrol
+# requeue, resumes into one MLflow run; sync and ebrl), then the daemons stopped by PID, pass or
+# fail. A Slurm already running here is used as it is, never started or stopped. Test files in
+# .cache/slurm/pytest/. SLURM_TIMEOUT bounds the tests (s).
+SLURM_TIMEOUT ?= 2400
+test-slurm: setup
+	@t0=$$(date +%s); \
+	trap 'scripts/slurm_local.sh stop; echo "make test-slurm: $$(( $$(date +%s) - t0 )) s"' EXIT; \
+	trap 'exit 130' INT TERM; \
+	scripts/slurm_local.sh start || exit 1; \
+	conf=$$(scripts/slurm_local.sh conf); if [ -n "$$conf" ]; then export SLURM_CONF=$$conf; fi; \
+	timeout -k 30 $(SLURM_TIMEOUT) $(PY) -m pytest -q -s -rs -m slurm -p no:cacheprovider \
+	  --basetemp=.cache/slurm/pytest tests/slurm; rc=$$?; \
+	if [ $$rc = 124 ]; then echo "test-slurm: tests stopped after $(SLURM_TIMEOUT) s"; fi; \
+	exit $$rc
 
 lint: setup
 	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .
@@ -124,6 +153,13 @@ bench-sched: setup
 
 bench-alloc: setup
 	$(PY) benchmarks/allocator.py --seeds $(SEEDS)
+
+# A long EBRL run on the embedded default with its memory, file descriptors and shared memory
+# sampled every minute (benchmarks/soak.py); SOAK_MINUTES of training.
+SOAK_MINUTES ?= 30
+SOAK_OUT ?= results/soak/$(shell date +%Y-%m-%d)
+bench-soak: setup
+	$(PY) benchmarks/soak.py --minutes $(SOAK_MINUTES) --out $(SOAK_OUT)
 
 clean:
 	rm -rf outputs .pytest_cache .ruff_cache .hypothesis
