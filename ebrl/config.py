@@ -158,6 +158,8 @@ class EBRLSchedulerNode:
     rebind: bool = False
     #: env worker processes that may die and be replaced during the run (in all)
     max_restarts: int = 3
+    #: seconds without a heartbeat after which a worker is hung (env worker: replaced; null: off)
+    hang_timeout_s: float | None = 120.0
 
 
 # === issue 6: hardware, resources, launcher; GPU-cluster policies and simulators ==============

@@ -43,8 +43,11 @@ SCHEDULERS = {
 }
 #: fault -> what to do to the running job (see inject())
 FAULTS = ("sigterm", "sigterm_all", "usr2", "sigint", "driver_kill", "sim_kill", "gen_kill",
-          "learner_kill")  # fmt: skip
-WORKER_FAULTS = {"sim_kill": "EnvWorker", "gen_kill": "GenWorker", "learner_kill": "LearnerWorker"}
+          "learner_kill", "sim_stop", "learner_stop")  # fmt: skip
+WORKER_FAULTS = {"sim_kill": "EnvWorker", "gen_kill": "GenWorker", "learner_kill": "LearnerWorker",
+                 "sim_stop": "EnvWorker", "learner_stop": "LearnerWorker"}  # fmt: skip
+#: SIGSTOP (a hung process): found by its missing heartbeat, only EBRL sets the timeout
+HANG = {"sim_stop", "learner_stop"}
 FAST = {("ebrl", "sigterm_all"), ("ebrl", "sim_kill")}
 
 
@@ -53,11 +56,13 @@ def cells():
         for fault in FAULTS:
             if sched == "sync" and fault in WORKER_FAULTS:
                 continue  # no worker processes: the stages run in the driver
+            if sched != "ebrl" and fault in HANG:
+                continue  # the baselines keep the engine's default timeout (120 s)
             marks = [] if (sched, fault) in FAST else [pytest.mark.faults]
             yield pytest.param(sched, fault, id=f"{sched}-{fault}", marks=marks)
 
 
-def command(tmp_path: Path, sched: str) -> list[str]:
+def command(tmp_path: Path, sched: str, extra: tuple[str, ...] = ()) -> list[str]:
     over = [o for o in TINY if not o.startswith("budget.iterations")]
     return [
         sys.executable,
@@ -70,6 +75,7 @@ def command(tmp_path: Path, sched: str) -> list[str]:
         "simulator.delay_s=0.01",
         f"run_dir={tmp_path / 'run'}",
         f"tracking.store={tmp_path / 'mlflow'}",
+        *extra,
     ]
 
 
@@ -128,7 +134,8 @@ def inject(proc: subprocess.Popen, fault: str) -> None:
     elif fault == "driver_kill":
         proc.kill()
     else:
-        os.kill(worker_pid(proc.pid, WORKER_FAULTS[fault]), signal.SIGKILL)
+        sig = signal.SIGSTOP if fault in HANG else signal.SIGKILL
+        os.kill(worker_pid(proc.pid, WORKER_FAULTS[fault]), sig)
 
 
 def shm_of(pid: int) -> list[str]:
@@ -140,8 +147,9 @@ def shm_of(pid: int) -> list[str]:
 def test_fault_then_rerun_finishes_the_same_run(sched, fault, tmp_path):
     run_dir = tmp_path / "run"
     log = (tmp_path / "attempt1.log").open("w")
+    extra = ("scheduler.hang_timeout_s=5",) if fault in HANG else ()
     proc = subprocess.Popen(
-        command(tmp_path, sched), cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+        command(tmp_path, sched, extra), cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
         start_new_session=True,
     )  # fmt: skip
     started: dict[int, float] = {}
@@ -170,8 +178,10 @@ def test_fault_then_rerun_finishes_the_same_run(sched, fault, tmp_path):
         assert code == 128 + signal.SIGINT, text[-3000:]
     elif fault == "driver_kill":
         assert code == -signal.SIGKILL
-    elif fault == "sim_kill":  # replaced: the run goes on and finishes
+    elif fault in ("sim_kill", "sim_stop"):  # replaced: the run goes on and finishes
         assert code == 0, text[-3000:]
+    elif fault == "learner_stop":  # hung: found by its heartbeat, the run stops naming it
+        assert code == 1 and "no heartbeat" in text, text[-3000:]
     else:  # a dead generator or learner stops the run, naming it; the checkpoint resumes it
         assert code == 1 and "StageError" in text and "died" in text, text[-3000:]
     # nothing the attempt started outlives it by more than a few seconds (the orphan watchdog
@@ -188,18 +198,18 @@ def test_fault_then_rerun_finishes_the_same_run(sched, fault, tmp_path):
     # a SIGKILLed driver cannot mark its run; the rerun takes it over
     expected = "RUNNING" if fault == "driver_kill" else "KILLED"
     if fault in WORKER_FAULTS:
-        expected = "FINISHED" if fault == "sim_kill" else "FAILED"
+        expected = "FINISHED" if fault in ("sim_kill", "sim_stop") else "FAILED"
     assert first.info.status == expected, text[-3000:]
 
     again = subprocess.run(
-        command(tmp_path, sched), cwd=ROOT, capture_output=True, text=True, timeout=400
+        command(tmp_path, sched, extra), cwd=ROOT, capture_output=True, text=True, timeout=400
     )
     assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-3000:]
     runs = client.search_runs([exp.experiment_id])
     assert [r.info.run_id for r in runs] == [first.info.run_id]
     run = runs[0]
     assert run.info.status == "FINISHED" and run.data.tags.get("resumed") == "true"
-    if fault == "sim_kill":
+    if fault in ("sim_kill", "sim_stop"):
         (restarted,) = {
             m.value for m in client.get_metric_history(run.info.run_id, "fault/env_worker_restarts")
         } - {0.0}

@@ -110,6 +110,10 @@ class RayHandle:
             raise e.as_instanceof_cause() from None
         return True
 
+    def kill(self) -> None:
+        """End the actor's process now (a hung worker); :meth:`poll` then reports it dead."""
+        self._ray.kill(self.actor, no_restart=True)
+
     def stop(self) -> None:
         try:
             if self.ref is not None:

@@ -132,5 +132,13 @@ class Applied:
 
 
 @dataclass(slots=True)
+class Beat:
+    """any worker -> driver, every ``Plan.heartbeat_s`` from a thread of its own: the process is
+    alive and not frozen (a simulator spinning with the GIL held, a SIGSTOPped process)."""
+
+    worker: str
+
+
+@dataclass(slots=True)
 class Stop:
     """driver -> every worker: leave the loop."""

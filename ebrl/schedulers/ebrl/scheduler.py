@@ -32,6 +32,8 @@ import dataclasses
 import logging
 import math
 import os
+import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -45,7 +47,16 @@ from ebrl.runtime.slots import ShmSlots, SlotSpec
 from ebrl.schedulers.base import IterationReport, RunContext, StageError
 from ebrl.schedulers.ebrl import manage
 from ebrl.schedulers.ebrl.manage import ResourceDriver
-from ebrl.schedulers.ebrl.messages import Applied, Failed, Lost, Owed, Report, Stop, Telemetry
+from ebrl.schedulers.ebrl.messages import (
+    Applied,
+    Beat,
+    Failed,
+    Lost,
+    Owed,
+    Report,
+    Stop,
+    Telemetry,
+)
 from ebrl.schedulers.ebrl.rebind import home_cores
 from ebrl.schedulers.ebrl.workers import EnvWorker, GenWorker, LearnerWorker, Plan
 
@@ -82,6 +93,9 @@ class EBRLScheduler:
             (implies ``pin_sim``; needs ``step_level``).
         max_restarts: env worker processes that may die (a simulator crash, the OOM killer)
             and be replaced during the run, in all; one more stops it with a StageError.
+        hang_timeout_s: a worker whose heartbeat stops for this long is hung (frozen, or
+            stuck holding the GIL): an env worker is killed and replaced, a generator or
+            learner stops the run with a StageError (None: no heartbeats).
     """
 
     backend: str = "ray"
@@ -97,6 +111,7 @@ class EBRLScheduler:
     pin_sim: bool = False
     rebind: bool = False
     max_restarts: int = 3
+    hang_timeout_s: float | None = 120.0
 
     def __post_init__(self) -> None:
         if self.rebind and not self.step_level:
@@ -107,6 +122,10 @@ class EBRLScheduler:
             raise ValueError(f"scheduler.staleness={self.staleness}: must be within 0..8")
         if self.sim_workers < 1:
             raise ValueError("scheduler.sim_workers must be >= 1")
+        if self.hang_timeout_s is not None and self.hang_timeout_s <= 0:
+            raise ValueError(
+                f"scheduler.hang_timeout_s={self.hang_timeout_s}: must be > 0 (or null: off)"
+            )
         if self.max_restarts < 0:
             raise ValueError(f"scheduler.max_restarts={self.max_restarts}: must be >= 0")
 
@@ -140,6 +159,7 @@ class EBRLScheduler:
             driver_pid=os.getpid(),
             start_version=ctx.factory.start_version,
             budget=ctx.budget,
+            heartbeat_s=min(1.0, self.hang_timeout_s / 10) if self.hang_timeout_s else None,
         )
         if resources is None:
             return plan
@@ -220,9 +240,12 @@ class EBRLScheduler:
         """Yield the learner's reports; merge telemetry; replace dead env workers; turn any
         other failure into a StageError."""
         gauges: dict[str, float] = {}
+        beats = _Heartbeats(self.hang_timeout_s, handles)
         while True:
             for m in inbox.recv(timeout=0.5):
-                if isinstance(m, Owed) and restarts is not None:
+                if isinstance(m, Beat):
+                    beats.seen(m.worker)
+                elif isinstance(m, Owed) and restarts is not None:
                     restarts.replace(m, handles)
                 elif isinstance(m, Report):
                     metrics = {**m.metrics, **gauges}
@@ -248,6 +271,16 @@ class EBRLScheduler:
                     raise StageError(
                         m.worker, f"{m.error}\n--- worker traceback ---\n{m.traceback}"
                     )
+            for h, silent in beats.hung():
+                if restarts is None or not h.name.startswith("sim") or not hasattr(h, "kill"):
+                    raise StageError(
+                        h.name,
+                        f"no heartbeat for {silent:.0f} s: its process is alive but hung "
+                        "(frozen, or stuck in native code holding the GIL); "
+                        "scheduler.hang_timeout_s sets the limit",
+                    )
+                log.warning("%s: no heartbeat for %.0f s; killing it", h.name, silent)
+                h.kill()  # Ray then reports it dead, and it is replaced below
             for h in handles:
                 if restarts is not None and h in restarts.dead:
                     continue
@@ -265,13 +298,25 @@ class EBRLScheduler:
 
     def _shutdown(self, inbox, handles, backend, slots, peers, authkey) -> None:
         """Stop every worker (politely, then by force), free the slots; never raises."""
-        for name, addr in peers.items():
-            if name == "driver":
-                continue
+
+        def tell(addr: Any) -> None:
             with contextlib.suppress(Exception):  # a dead worker cannot be told
                 out = Outbox(addr, authkey, retries=1)
                 out.send(Stop())
                 out.close()
+
+        # each in a thread of its own, for at most 2 s in all: connecting to a hung worker's
+        # inbox (a frozen process) never completes its handshake; such a worker is killed below
+        tellers = [
+            threading.Thread(target=tell, args=(addr,), daemon=True)
+            for name, addr in peers.items()
+            if name != "driver"
+        ]
+        for t in tellers:
+            t.start()
+        deadline = time.monotonic() + 2.0
+        for t in tellers:
+            t.join(timeout=max(0.0, deadline - time.monotonic()))
         for h in handles:
             try:
                 h.stop()
@@ -341,3 +386,43 @@ class _EnvRestarts:
         handles.append(h)
         h.start(self.peers, self.plan)
         log.warning("sim%d: replaced; it continues at segment %d", w, owed.index)
+
+
+class _Heartbeats:
+    """When each worker was last heard from (its :class:`Beat`), and which have gone silent.
+
+    A handle's clock starts when it is first seen here (its process may take a while to build
+    its stage before it beats); a handle already reported hung is not reported again. Silence
+    is only counted while the driver reads its inbox: after the driver itself was busy elsewhere
+    (starting a replacement worker takes seconds) every clock restarts, since beats sent
+    meanwhile were not read yet.
+    """
+
+    #: the driver checks every ~0.5 s; a longer gap means it was away
+    AWAY_S = 2.0
+
+    def __init__(self, timeout_s: float | None, handles: list) -> None:
+        self.timeout_s = timeout_s
+        self.handles = handles
+        self.last: dict[str, float] = {}
+        self.reported: set[int] = set()
+        self.checked = time.monotonic()
+
+    def seen(self, worker: str) -> None:
+        self.last[worker] = time.monotonic()
+
+    def hung(self) -> list[tuple[Any, float]]:
+        if not self.timeout_s:
+            return []
+        now, out = time.monotonic(), []
+        if now - self.checked > self.AWAY_S:
+            self.last = dict.fromkeys(self.last, now)
+        self.checked = now
+        for h in self.handles:
+            if id(h) in self.reported:
+                continue
+            last = self.last.setdefault(h.name, now)
+            if now - last > self.timeout_s:
+                self.reported.add(id(h))
+                out.append((h, now - last))
+        return out

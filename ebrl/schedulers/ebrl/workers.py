@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 import time
 import traceback
 from collections import OrderedDict, deque
@@ -31,6 +32,7 @@ from ebrl.runtime.slots import SlotSpec, open_slots
 from ebrl.schedulers.base import UpdateBudget
 from ebrl.schedulers.ebrl.messages import (
     Applied,
+    Beat,
     Failed,
     Go,
     Hello,
@@ -74,6 +76,7 @@ class Plan:
             checkpoint version): segment ``i`` of the attempt is trained by version
             ``start_version + i``.
         budget: the learner trains no update past it (its segments are left to the shutdown).
+        heartbeat_s: every worker sends the driver a :class:`Beat` this often (None: none).
     """
 
     workers: list[list[int]]
@@ -91,6 +94,7 @@ class Plan:
     driver_pid: int = 0
     start_version: int = 0
     budget: UpdateBudget = field(default_factory=UpdateBudget)
+    heartbeat_s: float | None = None
 
     def owner(self) -> dict[int, int]:
         return {e: w for w, ids in enumerate(self.workers) for e in ids}
@@ -131,6 +135,7 @@ class _Worker:
         self.plan = plan
         self.slots = open_slots(plan.slots, inline=self.inline)
         self.driver = Outbox(peers["driver"], self.authkey)
+        beating = self._start_heartbeat(peers["driver"])
         try:
             self._connect(peers)
             self._loop()
@@ -142,8 +147,29 @@ class _Worker:
                 self.driver.send(Failed(self.name, f"{type(e).__name__}: {e}", tb))
             raise
         finally:
+            beating.set()
             self.inbox.close()
             self.slots.close()
+
+    def _start_heartbeat(self, driver: Address) -> threading.Event:
+        """A daemon thread with its own connection sends a Beat every ``plan.heartbeat_s``
+        until the returned event is set (or the driver is gone)."""
+        stop = threading.Event()
+        period = self.plan.heartbeat_s
+        if not period:
+            return stop
+
+        def beat() -> None:
+            try:
+                out = Outbox(driver, self.authkey)
+                while not stop.wait(period):
+                    out.send(Beat(self.name))
+                out.close()
+            except OSError:  # the driver is gone: nothing to tell
+                return
+
+        threading.Thread(target=beat, daemon=True, name=f"ebrl-beat-{self.name}").start()
+        return stop
 
     def flush(self, gauges: dict[str, float] | None = None, force: bool = False) -> None:
         """Send spans recorded since the last flush (at most every 0.25 s unless forced)."""
