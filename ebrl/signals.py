@@ -33,6 +33,15 @@ log = logging.getLogger(__name__)
 
 STOP_SIGNALS: tuple[signal.Signals, ...] = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR2)
 
+#: the stop signals this process has received (while a :class:`StopSignals` was active)
+_received: list[int] = []
+
+
+def stopping() -> bool:
+    """Whether this process is being stopped by a signal: its shutdown should be quick (under
+    Slurm every process of the job got the signal too, Ray's included)."""
+    return bool(_received)
+
 
 class Preempted(BaseException):
     """A stop signal arrived while the run trained: stop, keep everything, resume later.
@@ -101,6 +110,7 @@ class StopSignals:
 
     def _handler(self, signum: int, frame: FrameType | None) -> None:
         self.received.append(signum)
+        _received.append(signum)
         if not self.armed:
             log.warning("%s during shutdown: recorded, the shutdown goes on", _name(signum))
             return

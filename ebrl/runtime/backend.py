@@ -14,6 +14,8 @@ import threading
 from concurrent.futures import Future
 from typing import Any, Protocol
 
+from ebrl.signals import stopping
+
 log = logging.getLogger(__name__)
 
 
@@ -131,7 +133,10 @@ class RayBackend:
         num_cpus: logical CPUs for a local instance (default: this machine's).
     """
 
-    #: how long :meth:`shutdown` waits for ``ray.shutdown`` (see there)
+    #: how long :meth:`shutdown` waits for ``ray.shutdown`` once a stop signal arrived: Slurm
+    #: signals every process of a job, Ray's too, and ray.shutdown then waits ~8 s on its dead
+    #: GCS; a preempted job has better uses for its grace period (the watchdog ends what is
+    #: left when the driver exits)
     shutdown_timeout_s = 3.0
 
     def __init__(self, address: str = "local", num_cpus: int | None = None) -> None:
@@ -182,13 +187,9 @@ class RayBackend:
         self.handles.clear()
         if self._started:
             self._started = False
-            # bounded: when Ray's own processes were signalled too (Slurm signals every process
-            # of a job), ray.shutdown waits ~8 s on its dead GCS; a preempted job has better
-            # uses for its grace period. The watchdog then ends what is left at our exit.
-            done = threading.Thread(target=self._ray.shutdown, daemon=True, name="ray-shutdown")
-            done.start()
-            done.join(timeout=self.shutdown_timeout_s)
-            if done.is_alive():
+            if not stopping():
+                self._ray.shutdown()
+            elif not self._bounded_ray_shutdown():
                 log.warning(
                     "Ray did not shut down within %.0f s (were its processes signalled too?); "
                     "the orphan watchdog ends them when this process exits",
@@ -198,3 +199,10 @@ class RayBackend:
         if self._watchdog is not None:
             self._watchdog.stop()
             self._watchdog = None
+
+    def _bounded_ray_shutdown(self) -> bool:
+        """``ray.shutdown`` for at most ``shutdown_timeout_s``; whether it finished."""
+        done = threading.Thread(target=self._ray.shutdown, daemon=True, name="ray-down")
+        done.start()
+        done.join(timeout=self.shutdown_timeout_s)
+        return not done.is_alive()
