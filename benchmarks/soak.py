@@ -31,6 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.common import provenance  # noqa: E402
+from ebrl.tracking import portable  # noqa: E402
 
 WORKLOAD = ["+experiment=embedded", "scheduler=ebrl", "progress=false"]
 
@@ -119,7 +120,9 @@ def main(argv: list[str] | None = None) -> int:
         "no shared-memory segment left": shm_after == shm_before,
     }
     report = {
-        "provenance": provenance([0], minutes=args.minutes, train_command=" ".join(cmd[1:])),
+        "provenance": provenance(
+            [0], minutes=args.minutes, train_command=portable(" ".join(cmd[1:]))
+        ),
         "samples": samples,
         "max_rss_deviation": rss_dev,
         "shm_before": shm_before,
