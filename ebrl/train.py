@@ -367,11 +367,17 @@ def train(cfg: DictConfig) -> Summary:
             stop.disarm()  # done: a signal from here on cannot make it less than FINISHED
         except BaseException as e:
             stop.disarm()  # a second signal must not cut this clean-up short
-            stopped = isinstance(e, (KeyboardInterrupt, Preempted)) or bool(stop.received)
+            signalled = stop.preempted()
+            stopped = isinstance(e, KeyboardInterrupt) or signalled is not None
             summary.status = "KILLED" if stopped else "FAILED"
             log.error(
                 "run stopped (%s: %s); results so far are in %s", type(e).__name__, e, run_dir
             )
+            if signalled is not None and not isinstance(e, Preempted):
+                # the signal interrupted something that reported it as its own error (raised
+                # inside Ray's Cython wait: "SystemError: ... returned a result with an
+                # exception set"), or killed a worker first: the signal ends the run
+                raise signalled from e
             raise
         finally:
             gen.close()

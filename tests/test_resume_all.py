@@ -179,3 +179,32 @@ def test_the_slurm_launcher_registers_the_callback():
         )
     assert full.hydra.callbacks.fail_on_slurm._target_ == "ebrl.launch.FailOnSlurm"
     assert cfg.launcher.kind == "slurm"
+
+
+def test_a_signal_that_surfaces_as_another_error_still_stops_the_run_as_preempted(
+    tmp_path, monkeypatch
+):
+    """A stop signal raised inside native code comes back as that code's error (Ray's Cython
+    wait: SystemError); the run must still end KILLED and by its signal, not FAILED."""
+    import signal
+
+    from ebrl.schedulers.sync import SyncScheduler
+    from ebrl.signals import Preempted
+
+    orig = SyncScheduler._loop
+
+    def loop(self, st, ctx, builder, episodes):
+        for i, rep in enumerate(orig(self, st, ctx, builder, episodes)):
+            yield rep
+            if i == 1:
+                try:
+                    signal.raise_signal(signal.SIGTERM)
+                except Preempted as p:
+                    raise SystemError("returned a result with an exception set") from p
+
+    monkeypatch.setattr(SyncScheduler, "_loop", loop)
+    with pytest.raises(Preempted) as got:
+        train(_cfg(tmp_path, ["scheduler=sync"], 6))
+    assert got.value.signum == signal.SIGTERM
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["status"] == "KILLED" and summary["iterations"] == 2
