@@ -261,6 +261,14 @@ def test_tracking_server_stopped_and_restarted_mid_run(sched, tmp_path):
             time.sleep(0.05)  # training goes on without the server
         server.start()
         assert proc.wait(timeout=300) == 0, (tmp_path / "train.log").read_text()[-3000:]
+        # a run that ended while the server was still down (its restart takes 15-50 s here)
+        # left its status pending: the replay sets it; after a run that saw the server back, it
+        # has nothing to send
+        replay = subprocess.run(
+            [sys.executable, "-m", "ebrl.tracking", "replay", str(run_dir)],
+            cwd=ROOT, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert replay.returncode == 0, replay.stdout[-2000:] + replay.stderr[-2000:]
         client = mlflow.tracking.MlflowClient(server.uri)
         (run,) = client.search_runs([client.get_experiment_by_name("ebrl").experiment_id])
         assert run.info.status == "FINISHED"

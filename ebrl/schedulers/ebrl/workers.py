@@ -434,11 +434,14 @@ class GenWorker(_Worker):
             return []
         if not plan.step_level:
             # whole groups only (the lock-step barrier of levels 1-2), one group per batch: the
-            # first group's chunks go out while the generator works on the next (pipelining)
-            ok = set(eligible)
+            # first group's chunks go out while the generator works on the next (pipelining).
+            # The barrier is over the envs of the group the staleness gate lets act: in lock
+            # step that is all of them or none, but the envs of a replaced env worker restart
+            # a segment behind the rest of their group and must catch up on their own
             for g in plan.groups:
-                if all(x in ok for x in g):
-                    return list(g)
+                acting = [x for x in g if self._eligible(x, decisions)]
+                if acting and all(x in ready for x in acting):
+                    return acting
             return []
         waited = time.perf_counter() - ready[eligible[0]]
         if len(eligible) >= self.batch_min or waited >= plan.batch_timeout_s:
