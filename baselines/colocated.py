@@ -1,4 +1,4 @@
-"""RLinf's Colocated mode as a scheduler over ebrl's stages (DESIGN.md section 1c).
+"""RLinf's Colocated mode as a scheduler over ebrl's stages; see README.md, "What is here".
 
 What it reproduces (RLinf v0.3):
 

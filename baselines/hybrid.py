@@ -1,4 +1,6 @@
-"""RLinf's Hybrid (disaggregated) mode as a scheduler over ebrl's workers (DESIGN.md section 1c).
+"""RLinf's Hybrid (disaggregated) mode as a scheduler over ebrl's workers (README.md).
+
+The baselines are listed in README.md, "What is here".
 
 What it reproduces (RLinf v0.3, e.g. ``examples/embodiment/config/maniskill_ppo_openvla.yaml``):
 

@@ -4,7 +4,7 @@ The result is the dict RLinf's Hydra app composes (``examples/embodiment/config/
 ``defaults`` pick RLinf's own env / model / FSDP / weight-syncer groups, the rest overrides them.
 Pure: no RLinf import, no file access; :mod:`baselines.rlinf.launch` writes and runs it.
 
-The three modes (DESIGN.md section 1c), as RLinf writes them:
+The three modes (README.md, "What is here": baselines), as RLinf writes them:
 
 - colocated: ``cluster.component_placement: {actor,env,rollout: 0-(G-1)}``, offload on for actor,
   rollout and env (as ``maniskill_ppo_openvlaoft.yaml``), ``rollout.pipeline_stage_num: 1``;

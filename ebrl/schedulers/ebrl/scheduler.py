@@ -1,4 +1,4 @@
-"""The EBRL asynchronous pipelined scheduler (DESIGN.md section 1a), driver side.
+"""The EBRL asynchronous pipelined scheduler, driver side (README.md, "What is here").
 
 Three levels, each switchable for the paper's ablation:
 
@@ -358,7 +358,6 @@ class _EnvRestarts:
         self.peers, self.plan, self.limit = peers, plan, limit
         self.done = 0
         self.dead: list[Any] = []  # handles of dead processes (never polled again)
-        self.why: dict[int, str] = {}
 
     def died(self, handle: Any, why: str) -> None:
         w = int(handle.name.removeprefix("sim"))
@@ -370,7 +369,6 @@ class _EnvRestarts:
             )
         self.done += 1
         self.dead.append(handle)
-        self.why[w] = why
         log.warning("%s: %s; replacing it (%d/%d)", handle.name, why, self.done, self.limit)
         out = Outbox(self.peers["learner"], self.authkey)
         out.send(Lost(w))

@@ -4,7 +4,7 @@ Every worker has the same life: ``open()`` builds its stage and its inbox and re
 ``run(peers)`` connects to the peers' inboxes and loops until :class:`Stop`. The same classes run
 as Ray actors (one process each) or as threads (the in-process backend).
 
-Data path (DESIGN.md section 1a):
+Data path (the schedulers row of README.md, "What is here"):
 
     env worker --Ready(ids)--> gen --Go(ids)--> env worker      observations/chunks in slots
     env worker --Part(segment share)--> learner --Weights--> gen
