@@ -50,6 +50,12 @@ class AsyncScheduler:
         staleness: k, RLinf's ``algorithm.staleness_threshold``: 1 or 2.
         ray_address: see :class:`EBRLScheduler`.
         resources: see :class:`EBRLScheduler`.
+        gen_replicas: see :class:`EBRLScheduler` (the same roles as EBRL, for a fair comparison
+            at scale).
+        learner_ranks: see :class:`EBRLScheduler`.
+        weight_board: see :class:`EBRLScheduler`.
+        gen_gpus: see :class:`EBRLScheduler`.
+        learner_gpus: see :class:`EBRLScheduler`.
     """
 
     backend: str = "ray"
@@ -57,6 +63,11 @@ class AsyncScheduler:
     staleness: int = 1
     ray_address: str = "local"
     resources: dict[str, dict[str, float]] | None = None
+    gen_replicas: int = 1
+    learner_ranks: int = 1
+    weight_board: bool = True
+    gen_gpus: float = 0.0
+    learner_gpus: float = 0.0
 
     def __post_init__(self) -> None:
         if self.staleness not in STALENESS:
@@ -73,6 +84,11 @@ class AsyncScheduler:
             step_level=False,
             ray_address=self.ray_address,
             resources=self.resources,
+            gen_replicas=self.gen_replicas,
+            learner_ranks=self.learner_ranks,
+            weight_board=self.weight_board,
+            gen_gpus=self.gen_gpus,
+            learner_gpus=self.learner_gpus,
         )
 
     def check(self, ctx: RunContext) -> None:

@@ -91,12 +91,27 @@ CONFIGS: dict[str, tuple[list[str], int]] = {
         ],
         150_000,
     ),
+    # ebrl-k1 scaled out (issue 16): 2 generator replicas and a 2-rank gloo learner, each rank
+    # on 1 thread; it must learn as ebrl-k1 does (the same updates, computed by two processes)
+    "ebrl-k1-r2l2": (
+        [
+            "policy=mlp",
+            "chunk_size=1",
+            "scheduler=ebrl",
+            "scheduler.staleness=1",
+            "scheduler.gen_replicas=2",
+            "scheduler.learner_ranks=2",
+            "threads.train=1",
+        ],
+        150_000,
+    ),
 }
 #: the synchronous configuration each other one is compared with (same actions, same budget)
 REFERENCE: dict[str, str] = {
     **{n: "k4" for n in CONFIGS if n.startswith("k4-ebrl")},
     **{n: "k4" for n in ("colocated", "hybrid", "async")},
     **{n: "k1" for n in CONFIGS if n.endswith("-k1")},
+    "ebrl-k1-r2l2": "ebrl-k1",
 }
 
 

@@ -6,16 +6,25 @@ key added with ``+`` that the schema lacks (Hydra lets it into any node) is refu
 :func:`validate`, with the closest valid key. Value checks that types cannot express (ranges,
 combinations) run in :func:`validate` too, before any work starts. Objects are built from
 ``_target_`` by ``hydra.utils.instantiate``: adding a simulator, policy, algorithm or scheduler is
-a new dataclass + yaml file, never an if/elif.
+a new dataclass + yaml file, never an if/elif. A scheduler's node is derived from its class
+(:func:`schema_of`); packages outside ebrl (``baselines/``) register their nodes through the
+``ebrl.schedulers`` entry-point group (:func:`register`), so this module imports none of them.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
-from collections.abc import Callable
+import importlib.metadata
+import inspect
+import logging
+import re
+import sys
+import types
+import typing
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
-from enum import StrEnum
+from enum import Enum, StrEnum
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +34,8 @@ from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
 from ebrl.algos.grpo import GRPOConfig
 from ebrl.algos.ppo import PPOConfig
 from ebrl.hardware import MachineFacts, local_machine
+
+log = logging.getLogger(__name__)
 
 
 class ConfigError(ValueError):
@@ -117,49 +128,200 @@ class GRPONode:
 
 
 # --- schedulers -------------------------------------------------------------------------------
-@dataclass
-class SyncSchedulerNode:
-    _target_: str = "ebrl.schedulers.sync.SyncScheduler"
-
-
+# A scheduler is a dataclass, and its config node is derived from it (schema_of): its keys, their
+# types, defaults and help (the class docstring's ``Args:``) and its value checks (its
+# ``__post_init__``) are declared once, in the class; a field added there is a key here. ebrl's
+# own schedulers are registered by register(); other packages (baselines/) register theirs through
+# the ENTRY_POINTS group, so this module never imports them.
 class BackendKind(StrEnum):
     ray = "ray"
     inprocess = "inprocess"
 
 
-@dataclass
-class EBRLSchedulerNode:
-    """EBRL's asynchronous pipelined scheduler; each level switchable (see its docstring)."""
+#: entry-point group of packages that add config nodes: each entry point names a function
+#: ``register(cs: ConfigStore)`` that stores them (e.g. ``baselines.config:register``)
+ENTRY_POINTS = "ebrl.schedulers"
+#: types OmegaConf can give a node as they are
+_NODE_TYPES: tuple[type, ...] = (int, float, bool, str, bytes, Path, dict, list)
+#: schema_of's nodes, so that deriving one twice gives the same class (isinstance, pickling)
+_DERIVED: dict[tuple, type] = {}
 
-    _target_: str = "ebrl.schedulers.ebrl.EBRLScheduler"
-    #: ray: one process per worker; inprocess: threads (tests, debugging)
-    backend: BackendKind = BackendKind.ray
-    #: env worker processes
-    sim_workers: int = 2
-    #: level 1: rollout of the next segment overlaps training on this one
-    overlap: bool = True
-    #: k: the acting policy is at most k versions behind the learner (0..8)
-    staleness: int = 1
-    #: level 2: pipeline the run's env_groups (off: one group)
-    pipeline: bool = True
-    #: level 3: envs advance and are batched one by one (first M of N)
-    step_level: bool = True
-    #: M of "first M of N" (None: half a group)
-    batch_min: int | None = None
-    #: ms a ready env waits for M others before the generator acts anyway
-    batch_timeout_ms: float = 5.0
-    #: Ray address: "local" starts a private instance; "auto" or ray://... joins a cluster
-    ray_address: str = "local"
-    #: Ray custom resources per role ("sim", "gen", "learner") for multi-node placement
-    resources: dict[str, dict[str, float]] | None = None
-    #: pin each env worker to a home core
-    pin_sim: bool = False
-    #: level 3's core rebinding: idle env workers' cores go to straggling ones (needs step_level)
-    rebind: bool = False
-    #: env worker processes that may die and be replaced during the run (in all)
-    max_restarts: int = 3
-    #: seconds without a heartbeat after which a worker is hung (env worker: replaced; null: off)
-    hang_timeout_s: float | None = 120.0
+
+def _node_type(tp: Any) -> Any:
+    """``tp`` as far as OmegaConf can type a node with it: a union other than ``X | None``, a
+    tuple, a class it does not know become ``Any`` (the class's own checks still see the value)."""
+    if tp is Any or tp in _NODE_TYPES:
+        return tp
+    if isinstance(tp, type) and (issubclass(tp, Enum) or dataclasses.is_dataclass(tp)):
+        return tp
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin in (typing.Union, types.UnionType):
+        rest = [a for a in args if a is not type(None)]
+        inner = _node_type(rest[0]) if len(rest) == 1 else Any
+        return Any if inner is Any else typing.Optional[inner]  # noqa: UP045 (a runtime value)
+    if origin is dict and len(args) == 2 and args[0] in (str, int):
+        return dict[args[0], _node_type(args[1])]  # type: ignore[index]
+    if origin is list and len(args) == 1:
+        return list[_node_type(args[0])]  # type: ignore[index]
+    if origin is typing.Literal and len({type(a) for a in args}) == 1:
+        return _node_type(type(args[0]))
+    return Any
+
+
+def _type_hints(cls: type) -> dict[str, Any]:
+    """``cls``'s field annotations, resolved; one that cannot be resolved is ``Any``."""
+    try:
+        return typing.get_type_hints(cls)
+    except Exception:  # e.g. a name imported only under TYPE_CHECKING: field by field
+        out: dict[str, Any] = {}
+        for f in dataclasses.fields(cls):
+            owner = next(
+                (k for k in cls.__mro__ if f.name in vars(k).get("__annotations__", {})), cls
+            )
+            try:
+                ns = vars(sys.modules[owner.__module__])
+                out[f.name] = eval(f.type, dict(ns)) if isinstance(f.type, str) else f.type
+            except Exception:
+                out[f.name] = Any
+        return out
+
+
+def docstring_args(cls: type) -> dict[str, str]:
+    """Help of each argument, from the ``Args:`` sections of ``cls``'s docstring and its bases'
+    (Google style: ``name: text``, continued on deeper-indented lines)."""
+    out: dict[str, str] = {}
+    for klass in reversed(cls.__mro__):  # a subclass's text wins
+        lines = inspect.cleandoc(klass.__dict__.get("__doc__") or "").splitlines()
+        at = entry = key = None  # indentation of "Args:", of its entries; the current entry
+        for line in lines:
+            text, indent = line.strip(), len(line) - len(line.lstrip())
+            if at is None:
+                at = indent if text == "Args:" else None
+                continue
+            if not text:
+                continue
+            if indent <= at:  # the next section
+                break
+            entry = indent if entry is None else entry
+            m = re.match(r"(\w+)(?: \(.*?\))?: ?(.*)", text)
+            if indent == entry and m:
+                key = m[1]
+                out[key] = m[2]
+            elif key is not None:
+                out[key] = f"{out[key]} {text}".strip()
+    return out
+
+
+def schema_of(
+    cls: type,
+    target: str | None = None,
+    *,
+    name: str | None = None,
+    module: str | None = None,
+    choices: Mapping[str, type[Enum]] | None = None,
+    exclude: Collection[str] = (),
+) -> type:
+    """The config node of the dataclass ``cls``: ``_target_`` and ``cls``'s init fields.
+
+    Each field keeps its type (as far as OmegaConf can check it), default and help (``cls``'s
+    docstring, ``Args:``; in the field's ``metadata["help"]``), so a field added to ``cls`` is a
+    key of the node without further edits. Built from a config (``validate``), the node builds a
+    throwaway ``cls`` from its values, so the class's own checks (``__post_init__``) refuse a bad
+    value before any work starts, in the class's words (which name the key).
+
+    Args:
+        cls: a dataclass whose init fields are its settings (a scheduler).
+        target: the ``_target_`` Hydra instantiates (default: ``cls``'s module and name).
+        name: the node's class name (default: ``<cls name>Node``); error messages name it.
+        module: the module that holds the node as ``name`` (a pickled config refers to it;
+            default: the caller's).
+        choices: ``str`` fields with a fixed set of values -> the StrEnum of them: Hydra then
+            refuses any other value at composition, listing the choices.
+        exclude: fields of ``cls`` that are not keys of this node (they keep ``cls``'s default).
+    """
+    choices = dict(choices or {})
+    name = name or f"{cls.__name__}Node"
+    module = module or sys._getframe(1).f_globals.get("__name__", __name__)
+    key = (cls, target, name, module, tuple(sorted(choices.items())), tuple(sorted(exclude)))
+    if key in _DERIVED:
+        return _DERIVED[key]
+    hints, helps = _type_hints(cls), docstring_args(cls)
+    target = target or f"{cls.__module__}.{cls.__qualname__}"
+    spec: list[tuple[str, Any, Any]] = [
+        ("_target_", str, field(default=target, metadata={"help": "the class Hydra builds"}))
+    ]
+    for f in dataclasses.fields(cls):
+        if not f.init or f.name in exclude:
+            continue
+        tp, meta = _node_type(hints.get(f.name, Any)), {"help": helps.get(f.name, "")}
+        if f.default is not dataclasses.MISSING:
+            default = field(default=f.default, metadata=meta)
+        elif f.default_factory is not dataclasses.MISSING:
+            default = field(default_factory=f.default_factory, metadata=meta)
+        else:  # a required argument: the yaml option must set it
+            default = field(default=MISSING, metadata=meta)
+        if f.name in choices:
+            enum = choices[f.name]
+            tp = enum if tp is str else typing.Optional[enum]  # noqa: UP045
+            if isinstance(default.default, str) and default.default != MISSING:
+                default.default = enum(default.default)
+        spec.append((f.name, tp, default))
+    unknown = set(choices) - {s[0] for s in spec}
+    if unknown:
+        raise TypeError(f"schema_of({cls.__name__}): choices for no field: {sorted(unknown)}")
+    fields_ = [s[0] for s in spec[1:]]
+
+    def __post_init__(self: Any) -> None:
+        cls(**{k: getattr(self, k) for k in fields_})  # the class's checks; the object is dropped
+
+    summary = inspect.cleandoc(cls.__doc__ or cls.__name__).split("\n\n", 1)[0]
+    node = dataclasses.make_dataclass(
+        name,
+        spec,
+        namespace={
+            "__post_init__": __post_init__,
+            "__doc__": f"{summary}\n\nConfig node of :class:`{cls.__module__}.{cls.__qualname__}`"
+            " (derived by :func:`ebrl.config.schema_of`).",
+            "__ebrl_class__": cls,
+        },
+    )
+    node.__module__, node.__qualname__ = module, name
+    _DERIVED[key] = node
+    return node
+
+
+def class_of(node: Any) -> type | None:
+    """The class a node from :func:`schema_of` (or an instance of one) describes, else None."""
+    return getattr(node if isinstance(node, type) else type(node), "__ebrl_class__", None)
+
+
+def _scheduler_schemas() -> list[tuple[str, str, type]]:
+    """ebrl's own schedulers' nodes (the schedulers' modules import ebrl.resources, which imports
+    this module: they are imported here, on first use, not when this module loads)."""
+    from ebrl.schedulers.ebrl import EBRLScheduler
+    from ebrl.schedulers.sync import SyncScheduler
+
+    return [
+        ("scheduler", "sync_schema", schema_of(SyncScheduler, name="SyncSchedulerNode")),
+        (
+            "scheduler",
+            "ebrl_schema",
+            schema_of(
+                EBRLScheduler,
+                "ebrl.schedulers.ebrl.EBRLScheduler",
+                name="EBRLSchedulerNode",
+                choices={"backend": BackendKind},
+            ),
+        ),
+    ]
+
+
+def __getattr__(name: str) -> Any:
+    """``EBRLSchedulerNode``, ``SyncSchedulerNode``: derived on first use (see above)."""
+    for _, _, node in _scheduler_schemas() if name.endswith("SchedulerNode") else ():
+        if node.__name__ == name:
+            return node
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 # === issue 6: hardware, resources, launcher; GPU-cluster policies and simulators ==============
@@ -503,93 +665,6 @@ def _none_if_zero(value: Any) -> Any:
 # === end of issue 6 block ======================================================================
 
 
-# === issue 5: baselines (RLinf's Colocated, Hybrid, Async) ====================================
-# Replicas on ebrl's own stages and workers (baselines/*.py) and launchers of real RLinf
-# (baselines/rlinf/). Value checks live in __post_init__, so validate() reports them by name.
-@dataclass
-class ColocatedSchedulerNode:
-    """RLinf Colocated replica: every stage on all cores, in turn; weights reloaded every step."""
-
-    _target_: str = "baselines.colocated.ColocatedScheduler"
-    #: torch threads generation and training each get in their turn (None: every core)
-    threads: int | None = None
-    #: drop the generator's weights after each rollout, reload them from the learner
-    offload: bool = True
-
-
-@dataclass
-class HybridSchedulerNode:
-    """RLinf Hybrid replica: sim and gen disaggregated, pipelined over env_groups=2."""
-
-    _target_: str = "baselines.hybrid.HybridScheduler"
-    backend: BackendKind = BackendKind.ray
-    sim_workers: int = 2
-    #: the learner's torch threads (None: every core; it trains alone)
-    train_threads: int | None = None
-    ray_address: str = "local"
-    resources: dict[str, dict[str, float]] | None = None
-
-
-@dataclass
-class AsyncSchedulerNode:
-    """RLinf async PPO replica: rollout and training at once on a static thread split."""
-
-    _target_: str = "baselines.async_ppo.AsyncScheduler"
-    backend: BackendKind = BackendKind.ray
-    sim_workers: int = 2
-    #: RLinf's algorithm.staleness_threshold: 1 or 2
-    staleness: int = 1
-    ray_address: str = "local"
-    resources: dict[str, dict[str, float]] | None = None
-
-    def __post_init__(self) -> None:
-        _check(self.staleness in (1, 2), f"scheduler.staleness={self.staleness}: must be 1 or 2")
-
-
-@dataclass
-class RLinfLaunchNode:
-    """Real RLinf: needs a CUDA GPU, the ``rlinf`` extra and an RLinf checkout (its examples/)."""
-
-    _target_: str = "baselines.rlinf.launch.RLinfScheduler"
-    #: colocated | hybrid | async (each rlinf_*.yaml option sets it)
-    mode: str = MISSING
-    #: GPUs per node, and nodes (cluster.num_nodes)
-    gpus: int = 1
-    nodes: int = 1
-    #: an RLinf v0.3 checkout, for its entry points and configs (None: $RLINF_REPO)
-    repo: str | None = None
-    #: an RLinf model config (examples/embodiment/config/model/<name>.yaml) instead of policy
-    model: str | None = None
-    #: an RLinf env config (examples/embodiment/config/env/<name>.yaml) instead of simulator
-    env: str | None = None
-    #: dotted RLinf keys set last, e.g. {actor.model.model_path: /ckpt}
-    overrides: dict[str, Any] = field(default_factory=dict)
-    #: seconds between reads of RLinf's logs
-    poll_s: float = 5.0
-
-    def __post_init__(self) -> None:
-        # refuse in validate(), before the run folder and the MLflow run exist
-        from baselines.rlinf.launch import require_rlinf
-
-        require_rlinf(self.repo)
-
-
-@dataclass
-class RLinfAsyncNode(RLinfLaunchNode):
-    #: algorithm.staleness_threshold: 1 or 2
-    staleness: int = 1
-
-
-_SCHEMAS_ISSUE5: list[tuple[str, str, type]] = [
-    ("scheduler", "colocated_schema", ColocatedSchedulerNode),
-    ("scheduler", "hybrid_schema", HybridSchedulerNode),
-    ("scheduler", "async_schema", AsyncSchedulerNode),
-    ("scheduler", "rlinf_schema", RLinfLaunchNode),
-    ("scheduler", "rlinf_async_schema", RLinfAsyncNode),
-]
-# === end of issue 5 block ======================================================================
-
-
 # --- run --------------------------------------------------------------------------------------
 @dataclass
 class BudgetConfig:
@@ -704,8 +779,9 @@ class RunConfig:
         return max(1, self.rollout_steps // self.chunk_size)
 
 
-#: (group, ConfigStore name, node) of every schema node a group option extends
-_SCHEMAS: list[tuple[str, str, type]] = [
+#: (group, ConfigStore name, node) of ebrl's own schema nodes but the schedulers' (those are
+#: derived from the scheduler classes: _scheduler_schemas)
+_NODES: list[tuple[str, str, type]] = [
     ("simulator", "maniskill_schema", ManiSkillSim),
     ("simulator", "synthetic_schema", SyntheticSim),
     ("simulator", "counting_schema", CountingSim),
@@ -713,21 +789,59 @@ _SCHEMAS: list[tuple[str, str, type]] = [
     ("policy", "transformer_schema", TransformerPolicyNode),
     ("algo", "ppo_schema", PPONode),
     ("algo", "grpo_schema", GRPONode),
-    ("scheduler", "sync_schema", SyncSchedulerNode),
-    ("scheduler", "ebrl_schema", EBRLSchedulerNode),
-    *_SCHEMAS_ISSUE5,  # issue 5
     *_SCHEMAS_ISSUE6,  # issue 6
 ]
+_warned_no_entry_points = False
+
+
+def _entry_points() -> list[importlib.metadata.EntryPoint]:
+    eps = importlib.metadata.entry_points(group=ENTRY_POINTS)
+    return sorted({(ep.name, ep.value): ep for ep in eps}.values(), key=lambda ep: ep.name)
 
 
 def register() -> None:
-    """Register the schema nodes with Hydra's ConfigStore (idempotent)."""
+    """Register the schema nodes with Hydra's ConfigStore (idempotent): ebrl's own, then those
+    of every package with an entry point in the ``ebrl.schedulers`` group (ENTRY_POINTS), which
+    is called with the ConfigStore and stores its nodes."""
+    global _warned_no_entry_points
     cs = ConfigStore.instance()
     cs.store(name="ebrl_schema", node=RunConfig)
-    for group, name, node in _SCHEMAS:
-        cs.store(group=group, name=name, node=node)
+    for group, name, node in [*_NODES, *_scheduler_schemas()]:
+        cs.store(group=group, name=name, node=node, provider="ebrl")
+    eps = _entry_points()
+    for ep in eps:
+        try:
+            hook = ep.load()
+        except Exception as e:  # a broken plugin must not just make its options vanish
+            raise ConfigError(
+                f"the {ENTRY_POINTS} entry point {ep.name} = {ep.value} cannot be loaded: "
+                f"{type(e).__name__}: {e}"
+            ) from e
+        hook(cs)
+    if not eps and not _warned_no_entry_points:
+        _warned_no_entry_points = True
+        log.warning(
+            "no package registers config nodes in the %s entry-point group: the baselines' "
+            "scheduler options are missing; reinstall the project (pip install -e .)",
+            ENTRY_POINTS,
+        )
     OmegaConf.register_new_resolver("ebrl.sbatch_extra", _sbatch_extra, replace=True)
     OmegaConf.register_new_resolver("ebrl.none_if_zero", _none_if_zero, replace=True)
+
+
+def schemas() -> list[tuple[str, str, type]]:
+    """(group, ConfigStore name, node) of every schema node a group option may extend: the
+    dataclass nodes in Hydra's ConfigStore (after :func:`register`: ebrl's and the plugins')."""
+    out = []
+    for group, entries in ConfigStore.instance().repo.items():  # read, not copied (cs.load)
+        if group == "hydra" or not isinstance(entries, dict):
+            continue
+        for entry, item in sorted(entries.items()):
+            schema = getattr(getattr(item, "node", None), "_metadata", None)
+            schema = getattr(schema, "object_type", None)
+            if isinstance(schema, type) and dataclasses.is_dataclass(schema):
+                out.append((group, entry.removesuffix(".yaml"), schema))
+    return out
 
 
 def _check(ok: bool, msg: str) -> None:
@@ -741,8 +855,6 @@ _CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 _FOREIGN_ROOT_KEYS = frozenset({"hydra"})
 #: the fix, for every unknown key: a '+key=value' override is the only way one gets in
 _PLUS_FIX = "(drop the '+': it adds keys that the schema does not have)"
-#: the config groups whose nodes are typed by the schema their option extends
-_SCHEMA_GROUPS = frozenset(group for group, _, _ in _SCHEMAS)
 
 
 def _fields(schema: type) -> list[str]:
@@ -757,7 +869,7 @@ def _group_options(group: str) -> list[str]:
 
 def _option_schema(group: str, option: str, depth: int = 0) -> type | None:
     """The schema node ``conf/<group>/<option>.yaml`` extends (through its defaults list)."""
-    names = {name: node for g, name, node in _SCHEMAS if g == group}
+    names = {name: node for g, name, node in schemas() if g == group}
     try:
         defaults = OmegaConf.load(_CONF_DIR / group / f"{option}.yaml").get("defaults", [])
     except Exception:  # not a file, not yaml: no answer, only a shorter message
@@ -830,12 +942,13 @@ def _unknown_key_hint(cfg: DictConfig, dotted: str, parent: str, schema: type) -
     if close:
         return f"did you mean {parent}.{close[0]}?" if parent else f"did you mean {close[0]}?"
     valid = ", ".join(f for f in fields if f != "_target_") or "no keys to set"
-    if parent not in _SCHEMA_GROUPS:
+    known = schemas()
+    if parent not in {group for group, _, _ in known}:  # not a config group typed by schemas
         return f"{parent or 'the top level'} has {valid}"
     # a group node (scheduler=sync): the key may be another option's (scheduler.staleness)
     here = ", ".join(_options_with(parent, lambda s: s is schema)) or parent
     where = f"{schema.__name__} ({here})"
-    others = {f for g, _, node in _SCHEMAS if g == parent for f in _fields(node)}
+    others = {f for g, _, node in known if g == parent for f in _fields(node)}
     match = difflib.get_close_matches(key, sorted(others - set(fields)), n=1)
     with_it = _options_with(parent, lambda s: bool(match) and match[0] in _fields(s))
     if with_it:
@@ -915,9 +1028,10 @@ def validate(cfg: DictConfig, machine: MachineFacts | None = None) -> RunConfig:
             "that divide "
             f"num_envs={run.num_envs}",
         )
-    if isinstance(run.scheduler, EBRLSchedulerNode):
+    from ebrl.schedulers.ebrl import EBRLScheduler  # (on first use: see _scheduler_schemas)
+
+    if class_of(run.scheduler) is EBRLScheduler:  # its own checks ran when the node was built
         sch = run.scheduler
-        _check(0 <= sch.staleness <= 8, f"scheduler.staleness={sch.staleness}: must be 0..8")
         _check(
             1 <= sch.sim_workers <= run.num_envs,
             f"scheduler.sim_workers={sch.sim_workers}: must be between 1 and num_envs",

@@ -26,7 +26,7 @@ import torch
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from ebrl.config import ConfigError, ResourcesNode, RunConfig, register, validate
+from ebrl.config import ConfigError, ResourcesNode, RunConfig, class_of, register, validate
 from ebrl.evaluate import evaluate
 from ebrl.schedulers.base import RunContext, UpdateBudget
 from ebrl.signals import Preempted, StopSignals
@@ -290,6 +290,8 @@ def train(cfg: DictConfig) -> Summary:
         env_groups=run.env_groups,
         timeline=timeline,
         budget=UpdateBudget(updates=run.budget.iterations, env_steps=run.budget.env_steps),
+        run_dir=run_dir,
+        manage_resources=manages_resources(run.scheduler),
     )
     # the scheduler first: one that refuses its settings (in its constructor, or in check(ctx)
     # against the run: a baseline's fixed split, its loss) leaves no MLflow run behind
@@ -478,6 +480,17 @@ def _evaluate_curve(
     log.info("eval: learning curve of %d snapshots in %s", len(out), snap_dir)
 
 
+def manages_resources(scheduler: Any) -> bool:
+    """Whether the resource manager applies to a run of ``scheduler`` (its config node): to EBRL's
+    scheduler only. The baselines on its workers (hybrid, async) hold an EBRLScheduler but keep
+    their own fixed split; :func:`_refuse_unwired_resources` refuses a ``resources`` group they
+    would not honour."""
+    from ebrl.schedulers.ebrl import EBRLScheduler
+
+    cls = class_of(scheduler) or type(scheduler)
+    return issubclass(cls, EBRLScheduler)
+
+
 def _refuse_unwired_resources(run: RunConfig) -> None:
     """The ``resources`` group is read by the EBRL scheduler's resource manager only
     (``ebrl/schedulers/ebrl/manage.py``). Refuse a non-default value that the run would not
@@ -492,11 +505,11 @@ def _refuse_unwired_resources(run: RunConfig) -> None:
     ]
     if not changed:
         return
-    target = str(getattr(run.scheduler, "_target_", ""))
-    if target != "ebrl.schedulers.ebrl.EBRLScheduler":
+    if not manages_resources(run.scheduler):
+        cls = class_of(run.scheduler) or type(run.scheduler)
         raise ConfigError(
             f"{', '.join(changed)}: the resource manager (ebrl/resources/, including the elastic "
-            f"allocator) is not wired into scheduler {target.rsplit('.', 1)[-1]}, only into "
+            f"allocator) is not wired into scheduler {cls.__name__}, only into "
             "scheduler=ebrl; use scheduler=ebrl, or set the split with threads.gen / threads.train "
             "and leave resources at its defaults"
         )

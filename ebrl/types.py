@@ -70,6 +70,9 @@ class ActionChunk:
         """Rows ``index`` ([M] int64), in that order."""
         return _map(self, lambda t: t[index])
 
+    def to(self, device: torch.device | str) -> Self:
+        return _map(self, lambda t: t.to(device))
+
 
 @dataclass(kw_only=True, slots=True)
 class ChunkOutcome:

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# GPU checks of the resource manager in one command (a few minutes): NVML discovery and MPS SM
-# quotas changing a train-like and a gen-like workload's throughput (tests/gpu, marker `gpu`).
+# GPU checks in one command (a few minutes; < 8 min on one H200): NVML discovery, MPS SM quotas
+# changing a train-like and a gen-like workload's throughput, and the scaled-out engine (2 NCCL
+# learner ranks and 2 generator replicas sharing the GPU under MPS quotas, ManiSkill env workers
+# on the other cores, throughput per role printed) (tests/gpu, marker `gpu`).
 #
 # Not yet run on a GPU machine: written on a CPU-only one, where these tests are skipped.
 # Needs a CUDA build of torch in the venv, the NVIDIA driver and nvidia-cuda-mps-control.

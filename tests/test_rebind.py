@@ -50,6 +50,7 @@ def test_generator_applies_the_plan_when_pending_work_changes():
     gen.plan = type("P", (), {"rebind": True, "home": {0: frozenset({0}), 1: frozenset({1})}})()
     gen.rebinder = lambda m: moves.append(dict(m))
     gen.pids = {0: 100, 1: 101}
+    gen.home = dict(gen.plan.home)  # the replica's own env workers' home cores
     gen.bound = dict(gen.plan.home)
     gen.rebinds = 0
     gen.pending = {0: 0, 1: 3}  # worker 0 idle, worker 1 straggling

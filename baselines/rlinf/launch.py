@@ -256,18 +256,13 @@ def stop(proc: subprocess.Popen, grace_s: float = 30.0) -> None:
 
 
 # --- the scheduler ----------------------------------------------------------------------------
-def _out_dir(cfg: Mapping[str, Any]) -> Path:
-    """``<run folder>/rlinf``; the run folder as ``ebrl.train`` chooses it."""
-    if cfg.get("run_dir"):
-        base = Path(cfg["run_dir"])
-    else:
-        try:
-            from hydra.core.hydra_config import HydraConfig
-
-            base = Path(HydraConfig.get().runtime.output_dir)
-        except ValueError:  # not under Hydra
-            base = Path("outputs/runs") / time.strftime("%Y-%m-%d/%H-%M-%S")
-    return (base / "rlinf").resolve()
+def _out_dir(ctx: RunContext) -> Path:
+    """``<run folder>/rlinf``: the run folder ``ebrl.train`` chose (``ctx.run_dir``); driven
+    without it, the config's ``run_dir``, else a fresh folder under ``outputs/runs``."""
+    base = ctx.run_dir or ctx.factory.cfg.get("run_dir")
+    if not base:
+        base = Path("outputs/runs") / time.strftime("%Y-%m-%d/%H-%M-%S")
+    return (Path(base) / "rlinf").resolve()
 
 
 def command(repo: Path, mode: str, config: Path) -> tuple[list[str], dict[str, str]]:
@@ -324,7 +319,7 @@ class RLinfScheduler:
 
     def run(self, ctx: RunContext) -> Iterator[IterationReport]:
         cfg = ctx.factory.cfg
-        out = _out_dir(cfg)
+        out = _out_dir(ctx)
         rl = translate(
             cfg,
             mode=self.mode,

@@ -22,9 +22,17 @@ from typing import Any
 
 import torch
 
-from ebrl.algos.loss import ClipConfig, FlatBatch, anneal_lr, behaviour_stats, sgd_update
+from ebrl.algos.loss import (
+    ClipConfig,
+    FlatBatch,
+    anneal_lr,
+    behaviour_stats,
+    optimizer_to,
+    sgd_update,
+)
 from ebrl.algos.returns import group_relative_advantages
 from ebrl.policies.base import Policy
+from ebrl.runtime.dist import SOLO, DataParallel
 from ebrl.types import Segment
 
 Tensor = torch.Tensor
@@ -134,25 +142,40 @@ class GRPO:
     Args:
         policy: the policy to train in place; its critic is never trained.
         cfg: hyperparameters.
+        dp: this learner's rank of a data-parallel group (:mod:`ebrl.runtime.dist`; every rank
+            updates on the same whole segment); the default is one process. The attribute
+            ``dp`` may be set later (TrainStage does).
     """
 
-    def __init__(self, policy: Policy, cfg: GRPOConfig | Mapping[str, Any]) -> None:
+    def __init__(
+        self, policy: Policy, cfg: GRPOConfig | Mapping[str, Any], dp: DataParallel = SOLO
+    ) -> None:
         self.policy = policy
         # a plain mapping comes from configs that crossed a process boundary as containers
         self.cfg = cfg if isinstance(cfg, GRPOConfig) else GRPOConfig(**cfg)
         cfg = self.cfg
         self.optimizer = torch.optim.Adam(policy.parameters(), lr=cfg.lr, eps=cfg.adam_eps)
+        self.dp = dp
         self.reference: Policy | None = None
         if cfg.kl_coef > 0:
             self.reference = copy.deepcopy(policy).requires_grad_(False)
 
-    def _ref_kl(self, obs: Tensor, actions: Tensor):
-        """Extra-loss closure: kl_coef * KL(current || reference), exact for Gaussians."""
+    def to(self, device: torch.device | str) -> GRPO:
+        """Move the policy, the reference policy and the optimiser state to ``device``."""
+        self.policy.to(device)
+        if self.reference is not None:
+            self.reference.to(device)
+        optimizer_to(self.optimizer, device)
+        return self
 
-        def fn(d: torch.distributions.Normal, idx: Tensor) -> tuple[Tensor, float]:
+    def _ref_kl(self, obs: Tensor, actions: Tensor):
+        """Extra-loss closure: kl_coef * KL(current || reference), exact for Gaussians; the mean
+        over the minibatch is ``mean``'s (a rank's share of it under data parallelism)."""
+
+        def fn(d: torch.distributions.Normal, idx: Tensor, mean) -> tuple[Tensor, float]:
             with torch.no_grad():
                 ref = self.reference.dist(obs[idx], actions[idx])  # loc/scale [b, K, A]
-            kl = torch.distributions.kl_divergence(d, ref).sum(dim=(1, 2)).mean()  # []
+            kl = mean(torch.distributions.kl_divergence(d, ref).sum(dim=(1, 2)))  # []
             return self.cfg.kl_coef * kl, kl.item()
 
         return fn
@@ -193,6 +216,7 @@ class GRPO:
             target_kl=cfg.effective_target_kl(policy.spec.chunk_size),
             vf_coef=0.0,
             extra_loss=self._ref_kl(obs, actions) if self.reference is not None else None,
+            dp=self.dp,
         )
         policy.version += 1
         return {

@@ -32,10 +32,16 @@ advantage (chunk-level credit assignment, :mod:`ebrl.algos.returns`). The PPO ra
 
 The behaviour weight ``w`` is always the chunk's (the behaviour policy sampled the whole chunk),
 ``exp(sum_j prox_j - behav)`` over all K actions, as the stored behaviour log-prob is.
+
+Data parallelism (:mod:`ebrl.runtime.dist`): with L learner ranks, each rank takes the loss of its
+shard of every minibatch, normalised by the whole minibatch's counts (kept samples or kept executed
+actions, minibatch size, advantage mean and std: :func:`loss_normalisers`), so the per-rank
+gradients sum to exactly the whole minibatch's gradient of a one-rank run.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -44,6 +50,7 @@ import torch
 from torch import nn
 
 from ebrl.policies.base import Policy
+from ebrl.runtime.dist import SOLO, DataParallel
 
 Tensor = torch.Tensor
 RATIO_LEVELS = ("action", "chunk")
@@ -138,6 +145,8 @@ def decoupled_ppo_loss(
     behave_weight_threshold: float | None,
     dual_clip: float | None,
     mask: Tensor | None = None,
+    loss_denom: float | None = None,
+    stat_denom: int | None = None,
 ) -> PolicyLoss:
     """Decoupled PPO-clip loss with behaviour weighting and optional dual clip.
 
@@ -154,6 +163,12 @@ def decoupled_ppo_loss(
         dual_clip: for negative advantages, cap the loss at ``dual_clip * |A|`` (Ye et al. 2020)
             so a huge ratio on a bad action cannot dominate the gradient; None disables it.
         mask: ``[B, K]`` bool, per-action ratios only: which actions count (those executed).
+        loss_denom: for a shard of a larger minibatch (data parallelism): that minibatch's loss
+            normaliser, its number of kept samples (per action: kept executed actions), from
+            :func:`loss_normalisers`. None: this batch's own.
+        stat_denom: likewise the minibatch's count of ratios in ``approx_kl`` and ``clipfrac``.
+            With both given, ``loss``, ``approx_kl`` and ``clipfrac`` are this shard's shares:
+            summed over the shards they are the whole minibatch's values.
 
     Returns:
         The loss (mean over the kept samples, as RLinf v0.3's ``masked_mean`` over its behaviour
@@ -194,6 +209,10 @@ def decoupled_ppo_loss(
             denom = float(n_keep)
             counted = torch.ones_like(ratio, dtype=torch.bool)
         n_counted = int(counted.sum())
+        if loss_denom is not None:
+            denom = loss_denom
+        if stat_denom is not None:
+            n_counted = stat_denom
         if n_counted:
             approx_kl = float((((ratio - 1.0) - log_ratio) * counted).sum()) / n_counted
             clipfrac = float((((ratio - 1.0).abs() > clip_coef) & counted).sum()) / n_counted
@@ -207,6 +226,33 @@ def decoupled_ppo_loss(
         behave_weight_mean=float(weight.sum()) / n_keep if n_keep else 0.0,
         behave_dropped_frac=1.0 - n_keep / b,
     )
+
+
+def loss_normalisers(
+    prox_logprob: Tensor,
+    behav_logprob: Tensor,
+    *,
+    behave_weight_threshold: float | None,
+    mask: Tensor | None = None,
+) -> tuple[float, int]:
+    """The normalisers :func:`decoupled_ppo_loss` uses on a (whole) minibatch: ``(loss_denom,
+    stat_denom)``, i.e. (kept samples, or kept executed actions per action; ratios counted in
+    approx_kl and clipfrac). Needs no forward pass: only proximal and behaviour log-probs.
+
+    Args: as :func:`decoupled_ppo_loss`'s (``prox_logprob`` ``[B]`` or ``[B, K]``).
+    """
+    with torch.no_grad():
+        per_action = prox_logprob.dim() == 2
+        prox_chunk = prox_logprob.sum(dim=1) if per_action else prox_logprob  # [B]
+        weight = (prox_chunk - behav_logprob).exp()  # [B]
+        if behave_weight_threshold is not None:
+            keep = weight <= behave_weight_threshold  # [B] bool
+        else:
+            keep = torch.ones_like(weight, dtype=torch.bool)
+        if not per_action:
+            return float(keep.sum()), int(prox_logprob.numel())
+        m = mask if mask is not None else torch.ones_like(prox_logprob, dtype=torch.bool)
+        return float((keep[:, None] & m).sum()), int(m.sum())
 
 
 @dataclass(slots=True)
@@ -225,8 +271,14 @@ class FlatBatch:
         return int(self.obs.shape[0])
 
 
-#: extra loss term on a minibatch: (current distribution, minibatch indices) -> (loss [], log value)
-ExtraLoss = Callable[[torch.distributions.Normal, Tensor], tuple[Tensor, float]]
+#: extra loss term on a minibatch: (current distribution, indices, mean) -> (loss [], log value).
+#: ``mean`` reduces a per-sample ``[b]`` tensor to the minibatch mean; under data parallelism the
+#: indices are this rank's shard and ``mean`` its share of the whole minibatch's mean (the sum
+#: over the shard divided by the minibatch's size), so the term and its logged value sum over the
+#: ranks to a one-rank run's.
+ExtraLoss = Callable[
+    [torch.distributions.Normal, Tensor, Callable[[Tensor], Tensor]], tuple[Tensor, float]
+]
 
 
 def sgd_update(
@@ -238,11 +290,23 @@ def sgd_update(
     target_kl: float | None,
     vf_coef: float,
     extra_loss: ExtraLoss | None = None,
+    dp: DataParallel = SOLO,
 ) -> dict[str, float]:
     """Epochs of shuffled minibatch SGD on the decoupled PPO loss, with KL early stopping.
 
     Like ManiSkill's PPO baseline, a minibatch whose approx KL exceeds ``target_kl`` is not
     applied and ends the whole update. With ``vf_coef == 0`` the critic is not evaluated at all.
+
+    Data parallelism (``dp`` with ``world > 1``): every rank passes the same ``batch`` (the
+    whole segment), weights, optimiser and torch RNG state; each evaluates its
+    :meth:`~ebrl.runtime.dist.DataParallel.shard` of every minibatch with the whole minibatch's
+    normalisers, the gradients are summed over the ranks (one flat buffer per minibatch), and
+    every rank clips and steps identically. The approx KL of the stop test (and the clip
+    fraction) is the whole minibatch's (a second, tiny collective), so all ranks stop at the same
+    minibatch; the returned metrics are the whole minibatches', as in a one-rank run. Each
+    epoch's permutation is checked to agree across the ranks (a third, per epoch). With
+    :data:`~ebrl.runtime.dist.SOLO` (the default) nothing is communicated and the update is
+    exactly the one-process update.
 
     Returns:
         Metrics without prefix: policy_loss, value_loss, entropy, approx_kl (last minibatch
@@ -253,60 +317,82 @@ def sgd_update(
     approx_kl = 0.0
     n = len(batch)
     params = [p for p in policy.parameters() if p.requires_grad]
+    solo = dp.world == 1
     stop = False
     for _ in range(cfg.update_epochs if n else 0):
-        perm = torch.randperm(n, device=batch.obs.device)  # [B]
+        perm = torch.randperm(n, device=batch.obs.device)  # [B], the same on every rank
+        dp.check_same(perm, "the minibatch permutation")  # no-op for SOLO
         for idx in torch.tensor_split(perm, cfg.num_minibatches):
             if idx.numel() == 0:
                 continue
-            d = policy.dist(batch.obs[idx], batch.actions[idx])  # loc/scale [b, K, A]
-            logprob = d.log_prob(batch.actions[idx]).sum(dim=2)  # [b, K]
-            prox = batch.prox_logprob[idx]  # [b, K]
+            b = idx.numel()
+            adv_mb = batch.advantages[idx]  # [b], the whole minibatch's
+            loss_denom = stat_denom = None
+            mean: Callable[[Tensor], Tensor] = torch.mean
+            sidx, adv = idx, adv_mb
+            if not solo:
+                sidx = dp.shard(idx)  # [b_r], this rank's part
+                adv = batch.advantages[sidx]  # [b_r]
+                loss_denom, stat_denom = _minibatch_normalisers(batch, idx, cfg)
+                mean = functools.partial(_share_of_mean, n=b)
+            if cfg.norm_adv and b > 1:  # statistics of the whole minibatch
+                adv = (adv - adv_mb.mean()) / (adv_mb.std() + 1e-8)
+            obs, actions = batch.obs[sidx], batch.actions[sidx]
+            d = policy.dist(obs, actions)  # loc/scale [b, K, A]
+            logprob = d.log_prob(actions).sum(dim=2)  # [b, K]
+            prox = batch.prox_logprob[sidx]  # [b, K]
             entropy = d.entropy().sum(dim=(1, 2))  # [b]
-            adv = batch.advantages[idx]  # [b]
-            if cfg.norm_adv and adv.numel() > 1:
-                adv = (adv - adv.mean()) / (adv.std() + 1e-8)
             mask = None
             if cfg.ratio_level == "chunk":
                 logprob, prox = logprob.sum(dim=1), prox.sum(dim=1)  # [b]
             elif batch.n_steps is not None:
                 k = logprob.shape[1]
-                mask = torch.arange(k, device=adv.device)[None, :] < batch.n_steps[idx][:, None]
+                mask = torch.arange(k, device=adv.device)[None, :] < batch.n_steps[sidx][:, None]
             pl = decoupled_ppo_loss(
                 logprob,
                 prox,
-                batch.behav_logprob[idx],
+                batch.behav_logprob[sidx],
                 adv,
                 clip_coef=cfg.clip_coef,
                 behave_weight_threshold=cfg.behave_weight_threshold,
                 dual_clip=cfg.dual_clip,
                 mask=mask,
+                loss_denom=loss_denom,
+                stat_denom=stat_denom,
             )
-            approx_kl = pl.approx_kl
-            if target_kl is not None and pl.approx_kl > target_kl:
+            kl, clipfrac = pl.approx_kl, pl.clipfrac
+            if not solo:  # the whole minibatch's: every rank takes the same stop decision
+                kl, clipfrac = dp.sum_floats([kl, clipfrac])
+            approx_kl = kl
+            if target_kl is not None and kl > target_kl:
                 stop = True
                 break
-            loss = pl.loss - cfg.ent_coef * entropy.mean()
+            ent = mean(entropy)
+            loss = pl.loss - cfg.ent_coef * ent
             v_loss = torch.zeros(())
             if vf_coef != 0.0:
-                v = policy.value(batch.obs[idx])  # [b]
-                v_loss = 0.5 * ((v - batch.returns[idx]) ** 2).mean()
+                v = policy.value(obs)  # [b]
+                v_loss = 0.5 * mean((v - batch.returns[sidx]) ** 2)
                 loss = loss + vf_coef * v_loss
             if extra_loss is not None:
-                extra, extra_log = extra_loss(d, idx)
+                extra, extra_log = extra_loss(d, sidx, mean)
                 loss = loss + extra
                 sums["extra"] += extra_log
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
+            dp.sum_grads(params)  # no-op for SOLO
             nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
             optimizer.step()
             n_applied += 1
             sums["policy_loss"] += pl.loss.item()
             sums["value_loss"] += v_loss.item()
-            sums["entropy"] += entropy.mean().item()
-            sums["clipfrac"] += pl.clipfrac
+            sums["entropy"] += ent.item()
+            sums["clipfrac"] += clipfrac
         if stop:
             break
+    if not solo:  # this rank's shares -> the whole minibatches' (clipfrac is already)
+        keys = ("policy_loss", "value_loss", "entropy", "extra")
+        sums.update(zip(keys, dp.sum_floats([sums[k] for k in keys])))
     denom = max(n_applied, 1)
     return {
         "policy_loss": sums["policy_loss"] / denom,
@@ -317,6 +403,37 @@ def sgd_update(
         "approx_kl": approx_kl,
         "epochs_run": n_applied / cfg.num_minibatches,
     }
+
+
+def _share_of_mean(x: Tensor, n: int) -> Tensor:
+    """A shard's share of the mean over a minibatch of ``n``: ``x.sum() / n``."""
+    return x.sum() / n
+
+
+def _minibatch_normalisers(batch: FlatBatch, idx: Tensor, cfg: ClipConfig) -> tuple[float, int]:
+    """:func:`loss_normalisers` of the whole minibatch ``idx`` as :func:`sgd_update` forms it."""
+    prox = batch.prox_logprob[idx]  # [b, K]
+    mask = None
+    if cfg.ratio_level == "chunk":
+        prox = prox.sum(dim=1)  # [b]
+    elif batch.n_steps is not None:
+        k = prox.shape[1]
+        mask = torch.arange(k, device=prox.device)[None, :] < batch.n_steps[idx][:, None]
+    return loss_normalisers(
+        prox,
+        batch.behav_logprob[idx],
+        behave_weight_threshold=cfg.behave_weight_threshold,
+        mask=mask,
+    )
+
+
+def optimizer_to(optimizer: torch.optim.Optimizer, device: torch.device | str) -> None:
+    """Move an optimiser's state tensors to ``device`` (after its parameters were moved), as
+    ``load_state_dict`` places them; Adam's ``step`` counters stay where they are."""
+    for state in optimizer.state.values():
+        for key, value in state.items():
+            if key != "step" and torch.is_tensor(value):
+                state[key] = value.to(device)
 
 
 def behaviour_stats(

@@ -19,10 +19,12 @@ from ebrl.algos.loss import (
     anneal_lr,
     behaviour_stats,
     explained_variance,
+    optimizer_to,
     sgd_update,
 )
 from ebrl.algos.returns import chunk_returns, gae
 from ebrl.policies.base import Policy
+from ebrl.runtime.dist import SOLO, DataParallel
 from ebrl.types import Segment
 
 
@@ -46,14 +48,26 @@ class PPO:
     Args:
         policy: the policy to train in place; its ``version`` is bumped after every update.
         cfg: hyperparameters.
+        dp: this learner's rank of a data-parallel group (:mod:`ebrl.runtime.dist`; every rank
+            updates on the same whole segment); the default is one process. The attribute
+            ``dp`` may be set later (TrainStage does).
     """
 
-    def __init__(self, policy: Policy, cfg: PPOConfig | Mapping[str, Any]) -> None:
+    def __init__(
+        self, policy: Policy, cfg: PPOConfig | Mapping[str, Any], dp: DataParallel = SOLO
+    ) -> None:
         self.policy = policy
         # a plain mapping comes from configs that crossed a process boundary as containers
         self.cfg = cfg if isinstance(cfg, PPOConfig) else PPOConfig(**cfg)
         cfg = self.cfg
         self.optimizer = torch.optim.Adam(policy.parameters(), lr=cfg.lr, eps=cfg.adam_eps)
+        self.dp = dp
+
+    def to(self, device: torch.device | str) -> PPO:
+        """Move the policy and the optimiser state to ``device``."""
+        self.policy.to(device)
+        optimizer_to(self.optimizer, device)
+        return self
 
     def update(self, seg: Segment) -> dict[str, float]:
         """One PPO update on a segment; returns ``train/*`` and ``pipeline/*`` metrics."""
@@ -98,6 +112,7 @@ class PPO:
             cfg,
             target_kl=cfg.effective_target_kl(policy.spec.chunk_size),
             vf_coef=cfg.vf_coef,
+            dp=self.dp,
         )
         policy.version += 1
         return {

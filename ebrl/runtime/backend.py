@@ -33,7 +33,14 @@ class Handle(Protocol):
 
 
 class Backend(Protocol):
-    def spawn(self, name: str, cls: type, *args: Any, resources: dict | None = None) -> Handle: ...
+    def spawn(
+        self,
+        name: str,
+        cls: type,
+        *args: Any,
+        resources: dict | None = None,
+        options: dict | None = None,
+    ) -> Handle: ...
     def shutdown(self) -> None: ...
 
 
@@ -74,8 +81,14 @@ class InProcessBackend:
     """Every worker a thread of this process: for tests and debugging (pdb works)."""
 
     def spawn(
-        self, name: str, cls: type, *args: Any, resources: dict | None = None
+        self,
+        name: str,
+        cls: type,
+        *args: Any,
+        resources: dict | None = None,
+        options: dict | None = None,
     ) -> ThreadHandle:
+        """``resources`` and ``options`` (Ray placement) mean nothing to a thread: ignored."""
         return ThreadHandle(name, cls(*args))
 
     def shutdown(self) -> None:
@@ -149,7 +162,8 @@ class RayBackend:
         self._started = False
         self._watchdog: Watchdog | None = None
         if not ray.is_initialized():
-            keep = ("VK_ICD_FILENAMES", "OMP_WAIT_POLICY", "EBRL_COMMIT")
+            # the driver's MPS daemon (a private one: its pipe directory) reaches GPU stages
+            keep = ("VK_ICD_FILENAMES", "OMP_WAIT_POLICY", "EBRL_COMMIT", "CUDA_MPS_PIPE_DIRECTORY")
             env = {"env_vars": {k: v for k, v in os.environ.items() if k in keep}}
             # a local instance is this driver's to clean up, even if the driver is SIGKILLed
             self._watchdog = Watchdog() if address == "local" else None
@@ -158,7 +172,8 @@ class RayBackend:
                     ray.init(
                         address=address,
                         include_dashboard=False,
-                        num_cpus=num_cpus or os.cpu_count(),
+                        # joining a cluster: its nodes say what they have
+                        num_cpus=(num_cpus or os.cpu_count()) if address == "local" else None,
                         log_to_driver=True,
                         logging_level=logging.WARNING,
                         runtime_env=env,
@@ -170,11 +185,31 @@ class RayBackend:
             self._started = True
         self.handles: list[RayHandle] = []
 
-    def spawn(self, name: str, cls: type, *args: Any, resources: dict | None = None) -> RayHandle:
+    def spawn(
+        self,
+        name: str,
+        cls: type,
+        *args: Any,
+        resources: dict | None = None,
+        options: dict | None = None,
+    ) -> RayHandle:
+        """Start ``cls(*args)`` as an actor.
+
+        Args:
+            resources: Ray custom resources (``scheduler.resources`` of the worker's role).
+            options: more Ray actor options (``ebrl.runtime.placement.ray_options``: node
+                affinity, ``num_gpus``, ``runtime_env``), merged over the defaults
+                ``num_cpus=0, max_restarts=0``; their ``resources`` are merged with
+                ``resources`` (``options`` wins a clash). An actor's ``runtime_env.env_vars``
+                are merged by Ray with the job's (``VK_ICD_FILENAMES`` ... stay).
+        """
         # num_cpus=0: placement and pinning are the resource manager's job, not Ray's CPU slots
         opts: dict[str, Any] = {"num_cpus": 0, "name": None, "max_restarts": 0}
-        if resources:
-            opts["resources"] = dict(resources)
+        extra = dict(options or {})
+        merged = {**(resources or {}), **(extra.pop("resources", None) or {})}
+        opts.update(extra)
+        if merged:
+            opts["resources"] = merged
         actor = self._ray.remote(cls).options(**opts).remote(*args)
         h = RayHandle(name, actor)
         self.handles.append(h)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Protocol
 
 import torch
@@ -78,6 +79,15 @@ class RunContext:
         env_groups: G, env groups (the unit of pipelining and of lock-step batching).
         timeline: where every stage span of the run is recorded.
         budget: where the learner stops by itself (the driver stops iterating there too).
+        run_dir: the run folder, as ``ebrl.train`` chose it: where a scheduler writes its own
+            files (the resource manager's ``resources.json``, ``profile.json``,
+            ``reallocations.jsonl``; real RLinf's ``rlinf/``). None: the run has none (a
+            scheduler driven directly, in tests): write nothing.
+        manage_resources: the run's ``resources`` group is applied by the resource manager
+            (``ebrl/schedulers/ebrl/manage.py``): ``ebrl.train`` sets it for
+            ``scheduler=ebrl``. False for the baselines on EBRL's workers (hybrid, async),
+            which keep their fixed split (``ebrl.train`` refuses a non-default ``resources``
+            group for them), and for every scheduler built without ``ebrl.train``.
     """
 
     factory: StageFactory
@@ -85,6 +95,8 @@ class RunContext:
     env_groups: int
     timeline: Timeline
     budget: UpdateBudget = field(default_factory=UpdateBudget)
+    run_dir: Path | None = None
+    manage_resources: bool = False
 
     def build_local(self) -> Stages:
         """All stages in this process, one sim stage per env group."""

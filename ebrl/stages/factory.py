@@ -93,7 +93,8 @@ class StageFactory:
         torch.manual_seed(int(self.cfg["seed"]))
         return instantiate(self.node.policy, spec=spec)
 
-    def gen(self) -> GenStage:
+    def gen(self, device: str = "cpu") -> GenStage:
+        """The generator stage; ``device``: where it acts (``cuda`` for a GPU share)."""
         policy = self.policy()
         ckpt = load_checkpoint(self.checkpoint) if self.checkpoint else None
         if ckpt is not None:  # resuming: act with the learner's last saved weights
@@ -103,10 +104,14 @@ class StageFactory:
             threads=int(self.cfg["threads"]["gen"]),
             seed=int(self.cfg["seed"]),
             stream=self.start_version,
+            device=device,
         )
 
-    def train(self) -> TrainStage:
+    def train(self, device: str = "cpu") -> TrainStage:
+        """The learner stage; ``device``: where it trains (``cuda`` for a GPU share)."""
         algo = instantiate(self.node.algo, policy=self.policy(), _convert_="object")
+        # on its device before the optimiser state is loaded (Adam's moments follow the params)
+        algo.policy.to(device)
         ckpt = load_checkpoint(self.checkpoint) if self.checkpoint else None
         if ckpt is not None:
             algo.policy.set_weights(int(ckpt["version"]), ckpt["policy"])
@@ -123,6 +128,7 @@ class StageFactory:
             snapshot_every=self.snapshot_every,
             extra_after=inject.get("train_after_updates"),
             extra_epochs=int(inject.get("train_extra_epochs", 0)),
+            device=device,
         )
         if ckpt is not None:
             stage.trained_env_steps = int(ckpt.get("trained_env_steps", 0))

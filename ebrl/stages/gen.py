@@ -6,6 +6,7 @@ import numpy as np
 import torch
 
 from ebrl.policies.base import Policy
+from ebrl.runtime.weights import BoardReader
 from ebrl.types import ActionChunk, Observation
 
 
@@ -22,16 +23,25 @@ class GenStage:
         seed: run seed for the per-env noise streams.
         stream: the learner version a resumed run restarts at (0: a fresh run); a resumed
             attempt draws fresh noise streams instead of replaying the first attempt's.
+        device: where the policy computes (``cuda`` for a replica with a GPU share); chunks
+            come back on the CPU.
     """
 
     def __init__(
-        self, policy: Policy, threads: int | None = None, seed: int = 0, stream: int = 0
+        self,
+        policy: Policy,
+        threads: int | None = None,
+        seed: int = 0,
+        stream: int = 0,
+        device: str | torch.device = "cpu",
     ) -> None:
-        self.policy = policy.eval()
+        self.device = torch.device(device)
+        self.policy = policy.to(self.device).eval()
         self.threads = threads
         self.seed = seed
         self.stream = stream
         self._rng: dict[int, torch.Generator] = {}
+        self._live: dict[str, torch.Tensor] | None = None
         k, a = policy.spec.chunk_size, policy.spec.action_dim
         self._shape = (k, a)
 
@@ -53,12 +63,28 @@ class GenStage:
     def generate(self, batch: Observation) -> ActionChunk:
         if self.threads:
             torch.set_num_threads(self.threads)
-        return self.policy.act(batch, noise=self._noise(batch.env_ids))
+        if self.device.type == "cpu":
+            return self.policy.act(batch, noise=self._noise(batch.env_ids))
+        # the noise streams stay on the CPU (the same draws on any device)
+        on = Observation(obs=batch.obs.to(self.device), env_ids=batch.env_ids.to(self.device))
+        return self.policy.act(on, noise=self._noise(batch.env_ids).to(self.device)).to("cpu")
 
     def load(self, version: int, weights: dict[str, torch.Tensor]) -> None:
         """Install the learner's weights (a no-op if this version is already loaded)."""
         if version != self.policy.version:
             self.policy.set_weights(version, weights)
+
+    def load_from(self, board: BoardReader) -> int:
+        """Install the newest weights on a board, copied straight into the policy's own
+        tensors (no state dict is built); returns the version now loaded."""
+        if board.version() == self.policy.version:
+            return self.policy.version
+        if self._live is None:  # the state dict's tensors share the parameters' storage
+            self._live = self.policy.state_dict()
+        with torch.no_grad():
+            version, _ = board.read(into=self._live)
+        self.policy.version = version
+        return version
 
 
 def noise_seed(seed: int, env_id: int, stream: int = 0) -> int:

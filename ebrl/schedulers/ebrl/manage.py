@@ -11,6 +11,9 @@ cost in ``reallocations.jsonl`` in the run folder and in the run's ``resource/*`
 
 With the default ``resources`` group (static, unpinned, threads as ``threads.*``) the workers
 run exactly as before: their stage's own threads, no pinning, the scheduler's ``batch_min``.
+
+The caller says whether the manager applies and where the run folder is (``RunContext``'s
+``manage_resources`` and ``run_dir``, filled by ``ebrl.train``); nothing here guesses either.
 """
 
 from __future__ import annotations
@@ -44,9 +47,6 @@ from ebrl.schedulers.ebrl.messages import Applied, Resources
 
 log = logging.getLogger(__name__)
 
-#: the scheduler whose runs the manager serves (the baselines built on EBRL's workers keep their
-#: own fixed split: ``ebrl.train`` refuses a non-default ``resources`` group for them)
-EBRL_TARGET = "ebrl.schedulers.ebrl.EBRLScheduler"
 #: generator gauges the driver reads and keeps out of the run's metrics
 COUNTERS = (
     "resource/gen_clock",
@@ -54,20 +54,6 @@ COUNTERS = (
     "resource/gen_blocked_env_s",
     "resource/gen_busy_s",
 )
-
-
-def run_folder(factory: Any) -> Path | None:
-    """The run's folder, as ``ebrl.train`` chose it (None when the driver cannot tell)."""
-    if getattr(factory, "checkpoint", None):
-        return Path(factory.checkpoint).parent
-    if factory.cfg.get("run_dir"):
-        return Path(factory.cfg["run_dir"])
-    try:
-        from hydra.core.hydra_config import HydraConfig
-
-        return Path(HydraConfig.get().runtime.output_dir)
-    except (ImportError, ValueError):  # not under Hydra
-        return None
 
 
 def _message(seq: int, res: StageResources) -> Resources:
@@ -180,19 +166,33 @@ def setup(
     group_size: int,
     decisions_per_env: int,
     topology: Topology | None = None,
+    *,
+    run_dir: Path | None = None,
+    managed: bool,
 ) -> ResourceDriver | None:
-    """The run's resource manager from its ``resources`` group (None: the config has none, or
-    the run's scheduler is not ``scheduler=ebrl`` but a baseline running on EBRL's workers).
+    """The run's resource manager from its ``resources`` group, or None where none applies.
 
     Elastic runs use ``resources.profile`` when given, else profile the run's policy here first
     (a few seconds) and save the profile in the run folder. ``factory`` must know the env spec.
+
+    Args:
+        factory: the run's stage factory (its ``cfg`` holds the ``resources`` group).
+        sim_workers: env worker processes.
+        group_size: envs in the largest env group (the largest generator batch).
+        decisions_per_env: T.
+        topology: the machine's cores (default: this process's).
+        run_dir: the run folder (``RunContext.run_dir``): ``resources.json``, ``profile.json``
+            and ``reallocations.jsonl`` go there; None: nothing is written.
+        managed: whether the manager applies to this run (``RunContext.manage_resources``);
+            False: None is returned, the workers keep their own split (the baselines on EBRL's
+            workers).
     """
     node = factory.cfg.get("resources")
-    if node is None or (factory.cfg.get("scheduler") or {}).get("_target_") != EBRL_TARGET:
+    if node is None or not managed:
         return None
     settings = ResourceSettings.from_config(node)
     topo = topology or Topology(tuple(discover_cores()))
-    out_dir = run_folder(factory)
+    out_dir = Path(run_dir) if run_dir is not None else None
     profile = None
     if settings.allocator == ELASTIC:
         minibatch = train_minibatch(factory.cfg, decisions_per_env)

@@ -36,6 +36,7 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -43,6 +44,7 @@ import numpy as np
 from ebrl.resources.apply import affinity_guard, threads_guard
 from ebrl.runtime.backend import InProcessBackend, RayBackend, WorkerDied
 from ebrl.runtime.channel import Inbox, Outbox, new_authkey, node_ip
+from ebrl.runtime.placement import Ask, Placement, cluster_nodes, describe, place, ray_options
 from ebrl.runtime.slots import ShmSlots, SlotSpec
 from ebrl.schedulers.base import IterationReport, RunContext, StageError
 from ebrl.schedulers.ebrl import manage
@@ -54,13 +56,52 @@ from ebrl.schedulers.ebrl.messages import (
     Lost,
     Owed,
     Report,
+    Resources,
     Stop,
     Telemetry,
 )
 from ebrl.schedulers.ebrl.rebind import home_cores
+from ebrl.schedulers.ebrl.wiring import (
+    DRIVER,
+    Links,
+    Roles,
+    gen_name,
+    learner_name,
+    sim_name,
+    wire,
+)
 from ebrl.schedulers.ebrl.workers import EnvWorker, GenWorker, LearnerWorker, Plan
 
 log = logging.getLogger(__name__)
+
+
+def with_resources(plan: Plan, roles: Roles, resources: ResourceDriver | None) -> Plan:
+    """The plan with the resource manager's starting split (each replica its share of the
+    generator's threads and cores)."""
+    if resources is None:
+        return plan
+    gen, train = resources.start_messages()
+    home = resources.resources.sim_home
+    return dataclasses.replace(
+        plan,
+        home=home if home is not None else plan.home,
+        gen_resources=split_resources(gen, roles.replicas),
+        train_resources=train,
+    )
+
+
+def split_resources(msg: Resources, parts: int) -> tuple[Resources, ...]:
+    """``msg``'s threads, cores and batch size shared by ``parts`` replicas (each at least one
+    thread; cores in contiguous blocks, shared when there are fewer cores than replicas)."""
+    if parts == 1:
+        return (msg,)
+    cores: list[tuple[int, ...] | None] = [msg.cores] * parts
+    if msg.cores is not None and len(msg.cores) >= parts:
+        cores = [tuple(int(c) for c in b) for b in np.array_split(sorted(msg.cores), parts)]
+    batch = None if msg.batch_min is None else max(1, math.ceil(msg.batch_min / parts))
+    return tuple(
+        Resources(msg.seq, max(1, msg.threads // parts), cores[r], batch) for r in range(parts)
+    )
 
 
 def env_groups(workers: list[list[int]], groups: int) -> list[list[int]]:
@@ -96,6 +137,15 @@ class EBRLScheduler:
         hang_timeout_s: a worker whose heartbeat stops for this long is hung (frozen, or
             stuck holding the GIL): an env worker is killed and replaced, a generator or
             learner stops the run with a StageError (None: no heartbeats).
+        gen_replicas: R, generator replicas; each acts for a contiguous block of the env
+            workers with its own copy of the weights (<= ``sim_workers``).
+        learner_ranks: L, data-parallel learner ranks (torch.distributed: gloo on CPU, NCCL on
+            GPU); every rank trains on its shard of each minibatch (needs ``backend=ray``).
+        weight_board: publish the learner's weights on a shared-memory board that every
+            replica on its machine reads (off: a pickled state dict per replica per update).
+        gen_gpus: the GPU share each replica asks for (0: CPU; < 1: a share of one GPU, an
+            MPS quota of that many SMs on an MPS-enabled GPU); needs ``backend=ray``.
+        learner_gpus: the GPU share each learner rank asks for (as ``gen_gpus``).
     """
 
     backend: str = "ray"
@@ -112,6 +162,11 @@ class EBRLScheduler:
     rebind: bool = False
     max_restarts: int = 3
     hang_timeout_s: float | None = 120.0
+    gen_replicas: int = 1
+    learner_ranks: int = 1
+    weight_board: bool = True
+    gen_gpus: float = 0.0
+    learner_gpus: float = 0.0
 
     def __post_init__(self) -> None:
         if self.rebind and not self.step_level:
@@ -128,22 +183,49 @@ class EBRLScheduler:
             )
         if self.max_restarts < 0:
             raise ValueError(f"scheduler.max_restarts={self.max_restarts}: must be >= 0")
+        if self.gen_replicas < 1:
+            raise ValueError(f"scheduler.gen_replicas={self.gen_replicas}: must be >= 1")
+        if self.learner_ranks < 1:
+            raise ValueError(f"scheduler.learner_ranks={self.learner_ranks}: must be >= 1")
+        for role in ("gen", "learner"):
+            share = getattr(self, f"{role}_gpus")
+            if share < 0 or (share > 1 and share != int(share)):
+                raise ValueError(
+                    f"scheduler.{role}_gpus={share}: a share of one GPU (0 < x <= 1) or a "
+                    "whole number of GPUs"
+                )
+            if share > 0 and self.backend != "ray":
+                raise ValueError(
+                    f"scheduler.{role}_gpus={share} needs scheduler.backend=ray (Ray places "
+                    "stages on GPUs)"
+                )
+        if self.learner_ranks > 1 and self.backend != "ray":
+            raise ValueError(
+                f"scheduler.learner_ranks={self.learner_ranks} needs scheduler.backend=ray: "
+                "each rank is a process of its own (torch.distributed has one group per process)"
+            )
 
     @property
     def k(self) -> int:
         return self.staleness if self.overlap else 0
 
-    def plan(
-        self, ctx: RunContext, slots: SlotSpec, resources: ResourceDriver | None = None
-    ) -> Plan:
+    def roles(self, ctx: RunContext) -> Roles:
         n = int(ctx.factory.cfg["num_envs"])
         if self.sim_workers > n:
             raise ValueError(f"scheduler.sim_workers={self.sim_workers} > num_envs={n}")
-        workers = ctx.factory.env_partition(self.sim_workers)
+        return Roles(
+            ctx.factory.env_partition(self.sim_workers), self.gen_replicas, self.learner_ranks
+        )
+
+    def plan(self, ctx: RunContext, roles: Roles, slots: SlotSpec) -> Plan:
+        """The shape of the run every worker shares (resources: :func:`with_resources`)."""
+        n = int(ctx.factory.cfg["num_envs"])
+        workers = roles.sims
         g = ctx.env_groups if self.pipeline else 1
         groups = env_groups(workers, min(g, min(len(w) for w in workers)))
-        m = self.batch_min or max(1, math.ceil(n / len(groups) / 2))
-        plan = Plan(
+        # first M of N: N is a group's share of one replica
+        m = self.batch_min or max(1, math.ceil(n / len(groups) / roles.replicas / 2))
+        return Plan(
             workers=workers,
             groups=groups,
             decisions_per_env=ctx.decisions_per_env,
@@ -161,16 +243,17 @@ class EBRLScheduler:
             budget=ctx.budget,
             heartbeat_s=min(1.0, self.hang_timeout_s / 10) if self.hang_timeout_s else None,
         )
-        if resources is None:
-            return plan
-        gen, train = resources.start_messages()
-        home = resources.resources.sim_home
-        return dataclasses.replace(
-            plan,
-            home=home if home is not None else plan.home,
-            gen_resources=gen,
-            train_resources=train,
-        )
+
+    def check_resources(self, ctx: RunContext) -> None:
+        """Algorithm 1 re-splits one generator and one learner: refuse it with more."""
+        node = ctx.factory.cfg.get("resources") or {}
+        if node.get("allocator") == "elastic" and (self.gen_replicas > 1 or self.learner_ranks > 1):
+            raise ValueError(
+                "resources.allocator=elastic re-splits the cores of one generator and one "
+                f"learner rank; this run has scheduler.gen_replicas={self.gen_replicas} and "
+                f"scheduler.learner_ranks={self.learner_ranks}: use resources.allocator=static, "
+                "or 1 of each"
+            )
 
     def run(self, ctx: RunContext) -> Iterator[IterationReport]:
         # in-process workers are threads of this process: what they set must not outlive the run
@@ -178,6 +261,9 @@ class EBRLScheduler:
             yield from self._run(ctx)
 
     def _run(self, ctx: RunContext) -> Iterator[IterationReport]:
+        """Start the roles, wire them (``wiring.wire``), relay; always shut everything down."""
+        self.check_resources(ctx)
+        roles = self.roles(ctx)
         backend = (
             InProcessBackend() if self.backend == "inprocess" else RayBackend(self.ray_address)
         )
@@ -185,48 +271,107 @@ class EBRLScheduler:
         inbox = Inbox(authkey)
         slots: ShmSlots | None = None
         handles: list = []
-        peers: dict[str, Any] = {"driver": inbox.address}
+        book: dict[str, Any] = {DRIVER: inbox.address}  # worker name -> inbox address
         res = self.resources or {}
         manager: ResourceDriver | None = None
         try:
-            factory = ctx.factory
-            workers = factory.env_partition(self.sim_workers)
-            for w, ids in enumerate(workers):
+            options = self.placement(roles, backend, ctx.run_dir)
+
+            def spawn(name: str, role: str, cls: type, *args: Any) -> Any:
+                placed = options.get(name)  # it carries the role's custom resources
                 h = backend.spawn(
-                    f"sim{w}", EnvWorker, w, ids, factory, authkey, host, resources=res.get("sim")
+                    name, cls, *args, resources=None if placed else res.get(role), options=placed
                 )
                 handles.append(h)
+                return h
+
+            factory = ctx.factory
+            sims = [
+                spawn(sim_name(w), "sim", EnvWorker, w, ids, factory, authkey, host)
+                for w, ids in enumerate(roles.sims)
+            ]
             # sim workers build their envs first: they report the spec the policy is built from
-            for w, h in enumerate(handles):
-                peers[f"sim{w}"], spec = h.open()
+            for h in sims:
+                book[h.name], spec = h.open()
             n, k = int(factory.cfg["num_envs"]), int(factory.cfg["chunk_size"])
             slots = ShmSlots.create(n, spec.obs_dim, k, spec.action_dim)
             factory = factory.with_spec(spec)
-            plan = self.plan(ctx, slots.spec)
+            plan = self.plan(ctx, roles, slots.spec)
             manager = manage.setup(
                 factory,
-                len(workers),
+                len(roles.sims),
                 max(len(g) for g in plan.groups),
                 ctx.decisions_per_env,
+                run_dir=ctx.run_dir,
+                managed=ctx.manage_resources,
             )
-            plan = self.plan(ctx, slots.spec, manager)
-            for role, cls in (("gen", GenWorker), ("learner", LearnerWorker)):
-                h = backend.spawn(role, cls, factory, authkey, host, resources=res.get(role))
-                handles.append(h)
-                peers[role] = h.open()
+            plan = with_resources(plan, roles, manager)
+            gens = [
+                spawn(gen_name(r), "gen", GenWorker, factory, authkey, host, r, self._device("gen"))
+                for r in range(roles.replicas)
+            ]
+            learners = []
+            for rank in range(roles.ranks):
+                args = (rank, roles.ranks, self.weight_board, os.getpid(), self._device("learner"))
+                learners.append(
+                    spawn(
+                        learner_name(rank), "learner", LearnerWorker, factory, authkey, host, *args
+                    )
+                )
+            for h in gens:
+                book[h.name] = h.open()
+            board, dist = None, None
+            for h in learners:
+                book[h.name], d, b = h.open()
+                board, dist = (b, d) if h is learners[0] else (board, dist)
+            links = wire(roles, book, board, dist)
             for h in handles:
-                h.start(peers, plan)
+                h.start(links[h.name], plan)
             if manager is not None:
-                manager.connect(peers, authkey)
+                manager.connect(book, authkey)
             restarts = _EnvRestarts(
-                backend, factory, workers, authkey, host, res.get("sim"), peers, plan,
-                self.max_restarts,
+                backend, factory, roles.sims, authkey, host, res.get("sim"), options, book, links,
+                plan, self.max_restarts,
             )  # fmt: skip
             yield from self._relay(inbox, handles, ctx, plan, manager, restarts)
         finally:
             if manager is not None:
                 manager.close()
-            self._shutdown(inbox, handles, backend, slots, peers, authkey)
+            self._shutdown(inbox, handles, backend, slots, book, authkey)
+
+    def placement(self, roles: Roles, backend: Any, run_dir: Path | None = None) -> dict[str, dict]:
+        """Where each worker runs (Ray actor options by worker name; none in-process): env
+        workers on the node of the replica they feed, replicas and learner ranks with the GPU
+        shares they ask for (``ebrl.runtime.placement``). Logged, written to the run folder's
+        ``placement.txt``, and kept as ``placed``."""
+        self.placed: list[Placement] = []
+        if not isinstance(backend, RayBackend):
+            return {}
+        res = self.resources or {}
+        asks = [
+            Ask("sim", w, resources=res.get("sim") or {}, feeds=roles.replica_of[w])
+            for w in range(len(roles.sims))
+        ]
+        asks += [
+            Ask("gen", r, gpus=self.gen_gpus, resources=res.get("gen") or {})
+            for r in range(roles.replicas)
+        ]
+        asks += [
+            Ask("learner", i, gpus=self.learner_gpus, resources=res.get("learner") or {})
+            for i in range(roles.ranks)
+        ]
+        self.placed = place(asks, cluster_nodes())
+        table = describe(self.placed)
+        log.info("placement:\n%s", table)
+        if run_dir is not None:
+            run_dir.mkdir(parents=True, exist_ok=True)
+            (run_dir / "placement.txt").write_text(table + "\n")
+        names = {"sim": sim_name, "gen": gen_name, "learner": learner_name}
+        return {names[p.ask.role](p.ask.index): ray_options(p) for p in self.placed}
+
+    def _device(self, role: str) -> str:
+        """Where a role's stage computes: a GPU when it asks for a share of one."""
+        return "cuda" if getattr(self, f"{role}_gpus", 0.0) > 0 else "cpu"
 
     def _relay(
         self,
@@ -239,7 +384,7 @@ class EBRLScheduler:
     ):
         """Yield the learner's reports; merge telemetry; replace dead env workers; turn any
         other failure into a StageError."""
-        gauges: dict[str, float] = {}
+        by_worker: dict[str, dict[str, float]] = {}  # each worker's latest gauges
         beats = _Heartbeats(self.hang_timeout_s, handles)
         while True:
             for m in inbox.recv(timeout=0.5):
@@ -248,7 +393,7 @@ class EBRLScheduler:
                 elif isinstance(m, Owed) and restarts is not None:
                     restarts.replace(m, handles)
                 elif isinstance(m, Report):
-                    metrics = {**m.metrics, **gauges}
+                    metrics = {**m.metrics, **merge_gauges(by_worker)}
                     metrics["pipeline/staleness_bound"] = float(plan.staleness)
                     if restarts is not None:
                         metrics["fault/env_worker_restarts"] = float(restarts.done)
@@ -263,7 +408,7 @@ class EBRLScheduler:
                         manager.gauges(g)
                     for k in manage.COUNTERS:  # the allocator's inputs, not run metrics
                         g.pop(k, None)
-                    gauges.update(g)
+                    by_worker.setdefault(m.worker, {}).update(g)
                 elif isinstance(m, Applied):
                     if manager is not None:
                         manager.applied(m)
@@ -296,7 +441,7 @@ class EBRLScheduler:
                 if finished:
                     raise StageError(h.name, "the worker left its loop without being stopped")
 
-    def _shutdown(self, inbox, handles, backend, slots, peers, authkey) -> None:
+    def _shutdown(self, inbox, handles, backend, slots, book, authkey) -> None:
         """Stop every worker (politely, then by force), free the slots; never raises."""
 
         def tell(addr: Any) -> None:
@@ -309,8 +454,8 @@ class EBRLScheduler:
         # inbox (a frozen process) never completes its handshake; such a worker is killed below
         tellers = [
             threading.Thread(target=tell, args=(addr,), daemon=True)
-            for name, addr in peers.items()
-            if name != "driver"
+            for name, addr in book.items()
+            if name != DRIVER
         ]
         for t in tellers:
             t.start()
@@ -327,6 +472,31 @@ class EBRLScheduler:
         inbox.close()
         if slots is not None:
             slots.close()
+
+
+#: gauges each replica reports whose run value is the oldest, not a sum
+_MIN_GAUGES = ("pipeline/gen_version",)
+
+
+def merge_gauges(by_worker: dict[str, dict[str, float]]) -> dict[str, float]:
+    """The run's gauges from each worker's latest: a gauge only one worker reports is its value;
+    one several replicas report is summed (counts), averaged (``*_mean``) or the oldest
+    (``pipeline/gen_version``)."""
+    values: dict[str, list[float]] = {}
+    for g in by_worker.values():
+        for k, v in g.items():
+            values.setdefault(k, []).append(v)
+    out = {}
+    for k, vs in values.items():
+        if len(vs) == 1:
+            out[k] = vs[0]
+        elif k in _MIN_GAUGES:
+            out[k] = min(vs)
+        elif k.endswith("_mean"):
+            out[k] = sum(vs) / len(vs)
+        else:
+            out[k] = sum(vs)
+    return out
 
 
 class _EnvRestarts:
@@ -349,13 +519,16 @@ class _EnvRestarts:
         authkey: bytes,
         host: str,
         resources: dict[str, float] | None,
-        peers: dict[str, Any],
+        options: dict[str, dict],
+        book: dict[str, Any],
+        links: dict[str, Links],
         plan: Plan,
         limit: int,
     ) -> None:
         self.backend, self.factory, self.workers = backend, factory, workers
         self.authkey, self.host, self.resources = authkey, host, resources
-        self.peers, self.plan, self.limit = peers, plan, limit
+        self.options, self.book, self.links = options, book, links
+        self.plan, self.limit = plan, limit
         self.done = 0
         self.dead: list[Any] = []  # handles of dead processes (never polled again)
 
@@ -370,20 +543,35 @@ class _EnvRestarts:
         self.done += 1
         self.dead.append(handle)
         log.warning("%s: %s; replacing it (%d/%d)", handle.name, why, self.done, self.limit)
-        out = Outbox(self.peers["learner"], self.authkey)
+        out = Outbox(self.links[handle.name].learner, self.authkey)
         out.send(Lost(w))
         out.close()
 
     def replace(self, owed: Owed, handles: list) -> None:
         w = owed.worker
+        name = sim_name(w)  # with its predecessor's links (same gen, same learner)
         h = self.backend.spawn(
-            f"sim{w}", EnvWorker, w, self.workers[w], self.factory, self.authkey, self.host,
-            owed.index, self.done, resources=self.resources,
+            name, EnvWorker, w, self.workers[w], self.factory, self.authkey, self.host,
+            owed.index, self.done, resources=self.resources, options=_soft(self.options.get(name)),
         )  # fmt: skip
-        self.peers[f"sim{w}"], _ = h.open()
+        self.book[name], _ = h.open()
         handles.append(h)
-        h.start(self.peers, self.plan)
+        h.start(self.links[name], self.plan)
         log.warning("sim%d: replaced; it continues at segment %d", w, owed.index)
+
+
+def _soft(options: dict | None) -> dict | None:
+    """A replacement's placement: its predecessor's node if that node is still there, else
+    any (the process may have died with its node)."""
+    strategy = (options or {}).get("scheduling_strategy")
+    if strategy is None or not hasattr(strategy, "node_id"):
+        return options
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    return {
+        **options,
+        "scheduling_strategy": NodeAffinitySchedulingStrategy(strategy.node_id, soft=True),
+    }
 
 
 class _Heartbeats:

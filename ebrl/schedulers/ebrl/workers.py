@@ -1,14 +1,12 @@
 """The three EBRL worker loops. Each wraps one stage and decides nothing but when to call it.
 
 Every worker has the same life: ``open()`` builds its stage and its inbox and returns its address;
-``run(peers)`` connects to the peers' inboxes and loops until :class:`Stop`. The same classes run
-as Ray actors (one process each) or as threads (the in-process backend).
+``run(links, plan)`` connects to the inboxes its links name and loops until :class:`Stop`. The
+same classes run as Ray actors (one process each) or as threads (the in-process backend).
 
-Data path (the schedulers row of README.md, "What is here"):
-
-    env worker --Ready(ids)--> gen --Go(ids)--> env worker      observations/chunks in slots
-    env worker --Part(segment share)--> learner --Weights--> gen
-    learner --Report--> driver;  everyone --Telemetry/Failed--> driver
+Who sends what to whom is wired in one place, ``ebrl.schedulers.ebrl.wiring`` (its docstring has
+the whole data flow); each worker gets its :class:`~ebrl.schedulers.ebrl.wiring.Links` there and
+never looks a peer up by name.
 """
 
 from __future__ import annotations
@@ -28,7 +26,9 @@ from ebrl.envs.base import EnvSpec
 from ebrl.resources.apply import pin, pin_process, rebind
 from ebrl.rollout import EpisodeStats, SegmentBuilder
 from ebrl.runtime.channel import Address, Inbox, Outbox, node_ip
+from ebrl.runtime.dist import destroy, free_port, init_group
 from ebrl.runtime.slots import SlotSpec, open_slots
+from ebrl.runtime.weights import BoardSpec, WeightBoard, open_board
 from ebrl.schedulers.base import UpdateBudget
 from ebrl.schedulers.ebrl.messages import (
     Applied,
@@ -47,6 +47,7 @@ from ebrl.schedulers.ebrl.messages import (
     Weights,
 )
 from ebrl.schedulers.ebrl.rebind import rebind_plan
+from ebrl.schedulers.ebrl.wiring import Links, gen_name, learner_name
 from ebrl.stages.factory import StageFactory
 from ebrl.timeline import Timeline
 from ebrl.types import Observation, Segment, Transition
@@ -67,7 +68,7 @@ class Plan:
         slots: the shared slot arrays' layout and name.
         home: env worker -> home cores it is pinned to (None: no pinning, no rebinding).
         rebind: level 3's core rebinding (needs ``home``).
-        gen_resources: the generator's starting threads, cores and batch size (None: its
+        gen_resources: each replica's starting threads, cores and batch size (empty: its
             stage's own threads, unpinned, ``batch_min``).
         train_resources: the learner's starting threads and cores (None: its stage's own).
         driver_pid: the driver's process: a worker running inside it (the in-process backend)
@@ -89,7 +90,7 @@ class Plan:
     slots: SlotSpec
     home: dict[int, frozenset[int]] | None = None
     rebind: bool = False
-    gen_resources: Resources | None = None
+    gen_resources: tuple[Resources, ...] = ()
     train_resources: Resources | None = None
     driver_pid: int = 0
     start_version: int = 0
@@ -130,14 +131,16 @@ class _Worker:
         )
         return self.inbox.address
 
-    def run(self, peers: dict[str, Address], plan: Plan) -> None:
-        """Connect to the peers and loop until Stop; any exception is reported, then raised."""
+    def run(self, links: Links, plan: Plan) -> None:
+        """Connect to the inboxes ``links`` names and loop until Stop; any exception is
+        reported, then raised."""
         self.plan = plan
+        self.links = links
         self.slots = open_slots(plan.slots, inline=self.inline)
-        self.driver = Outbox(peers["driver"], self.authkey)
-        beating = self._start_heartbeat(peers["driver"])
+        self.driver = Outbox(links.driver, self.authkey)
+        beating = self._start_heartbeat(links.driver)
         try:
-            self._connect(peers)
+            self._connect(links)
             self._loop()
             self.flush(force=True)
         except BaseException as e:
@@ -150,6 +153,10 @@ class _Worker:
             beating.set()
             self.inbox.close()
             self.slots.close()
+            self._close()
+
+    def _close(self) -> None:
+        """Release what the worker's own loop opened (boards, process groups)."""
 
     def _start_heartbeat(self, driver: Address) -> threading.Event:
         """A daemon thread with its own connection sends a Beat every ``plan.heartbeat_s``
@@ -184,7 +191,7 @@ class _Worker:
         g[f"resource/{self.name}/cpu_s"] = time.process_time()
         self.driver.send(Telemetry(self.name, list(spans), g))
 
-    def _connect(self, peers: dict[str, Address]) -> None: ...
+    def _connect(self, links: Links) -> None: ...
 
     def _check_version(self) -> None:
         """The staleness gate counts segments from ``plan.start_version``: a generator or learner
@@ -264,11 +271,11 @@ class EnvWorker(_Worker):
         self.stage = self.factory.sim(self.env_ids, incarnation=self.incarnation)
         return self._open_inbox(), self.stage.group.spec
 
-    def _connect(self, peers: dict[str, Address]) -> None:
+    def _connect(self, links: Links) -> None:
         if self.plan.home is not None:  # pinned home cores (level 3 rebinds from there)
             pin(0, self.plan.home[self.index])
-        self.gen = Outbox(peers["gen"], self.authkey)
-        self.learner = Outbox(peers["learner"], self.authkey)
+        self.gen = Outbox(links.gen, self.authkey)
+        self.learner = Outbox(links.learner, self.authkey)
         first = self.first_segment * self.plan.decisions_per_env
         self.gen.send(Hello(self.index, os.getpid(), self.incarnation, self.inbox.address, first))
 
@@ -329,25 +336,50 @@ class EnvWorker(_Worker):
 
 # --- generation -------------------------------------------------------------------------------
 class GenWorker(_Worker):
-    """The generator: batches ready observations, acts, hands chunks back; enforces staleness;
-    rebinds idle cores to straggling env workers (level 3)."""
+    """A generator replica: batches the ready observations of the env workers it serves, acts,
+    hands chunks back; enforces staleness against its own policy version; rebinds idle cores to
+    its straggling env workers (level 3).
+
+    Args:
+        replica: which replica (``Roles.served_by(replica)`` are its env workers).
+    """
 
     name = "gen"
     #: applies core moves {pid: cores}; tests replace it with a recorder
     rebinder = staticmethod(rebind)
 
+    def __init__(
+        self,
+        factory: StageFactory,
+        authkey: bytes,
+        driver_host: str,
+        replica: int = 0,
+        device: str = "cpu",
+    ) -> None:
+        super().__init__(factory, authkey, driver_host)
+        self.replica = replica
+        self.name = gen_name(replica)
+        self.device = device
+
     def open(self) -> Address:
-        self.stage = self.factory.gen()
+        self.stage = self.factory.gen(device=self.device)
         return self._open_inbox()
 
-    def _connect(self, peers: dict[str, Address]) -> None:
-        n = len(self.plan.workers)
-        self.envs = [Outbox(peers[f"sim{w}"], self.authkey) for w in range(n)]
+    def _connect(self, links: Links) -> None:
+        mine = sorted(links.envs)
+        self.envs = {w: Outbox(a, self.authkey) for w, a in links.envs.items()}
+        self.board = open_board(links.board) if links.board is not None else None
         self.pids: dict[int, int] = {}  # env worker -> pid (from its Hello)
-        self.pending = dict.fromkeys(range(n), 0)  # env worker -> envs it is stepping
-        self.bound: dict[int, frozenset[int]] = dict(self.plan.home or {})
+        self.pending = dict.fromkeys(mine, 0)  # env worker -> envs it is stepping
+        home = self.plan.home
+        self.home = {w: home[w] for w in mine} if home is not None else None
+        self.bound: dict[int, frozenset[int]] = dict(self.home or {})
         self.rebinds = 0
-        self.incarnation = dict.fromkeys(range(n), 0)  # env worker -> its process's incarnation
+        self.incarnation = dict.fromkeys(mine, 0)  # env worker -> its process's incarnation
+        # the lock-step groups, restricted to the envs this replica acts for
+        served = {e for w in mine for e in self.plan.workers[w]}
+        mine_groups = ([e for e in grp if e in served] for grp in self.plan.groups)
+        self.groups = [g for g in mine_groups if g]
         self.gone: set[int] = set()  # env workers whose process died (until replaced)
         self.lost_decisions = 0  # decisions issued to dead env workers, never trained on
         self.batch_min = self.plan.batch_min
@@ -355,13 +387,30 @@ class GenWorker(_Worker):
         # ready env waited only because acting on it would break the staleness bound
         self.decided = 0
         self.gen_busy_s = 0.0  # seconds inside the policy: the generator's own capacity
+        self.load_s, self.loads = 0.0, 0  # installing new weights (the sync's cost here)
         self.blocked_env_s = 0.0
         self._n_blocked = 0
         self._t_acc = time.perf_counter()
         self._owner = self.plan.owner()
         self._check_version()
-        if self.plan.gen_resources is not None:
-            self.apply_resources(self.plan.gen_resources)
+        if self.plan.gen_resources:
+            self.apply_resources(self.plan.gen_resources[self.replica])
+
+    def _close(self) -> None:
+        if getattr(self, "board", None) is not None:
+            self.board.close()
+
+    def _load(self, m: Weights) -> None:
+        """Install the learner's weights: from the board (the newest published version, which
+        may be newer than ``m``'s: never older) or inline from the message."""
+        t0 = time.perf_counter()
+        with self.timeline.span("load", self.name, version=m.version):
+            if m.state is None:
+                self.stage.load_from(self.board)
+            else:
+                self.stage.load(m.version, m.state)
+        self.load_s += time.perf_counter() - t0
+        self.loads += 1
 
     def _set_batch(self, batch_min: int) -> None:
         self.batch_min = max(1, int(batch_min))
@@ -378,9 +427,9 @@ class GenWorker(_Worker):
 
     def _rebind(self) -> None:
         """Level 3: idle env workers' cores go to stragglers (see rebind.py)."""
-        if not (self.plan.rebind and self.plan.home):
+        if not (self.plan.rebind and self.home):
             return
-        want = rebind_plan(self.plan.home, self.pending)
+        want = rebind_plan(self.home, self.pending)
         moves = {
             self.pids[w]: c for w, c in want.items() if c != self.bound.get(w) and w in self.pids
         }
@@ -438,7 +487,7 @@ class GenWorker(_Worker):
             # The barrier is over the envs of the group the staleness gate lets act: in lock
             # step that is all of them or none, but the envs of a replaced env worker restart
             # a segment behind the rest of their group and must catch up on their own
-            for g in plan.groups:
+            for g in self.groups:
                 acting = [x for x in g if self._eligible(x, decisions)]
                 if acting and all(x in ready for x in acting):
                     return acting
@@ -470,8 +519,7 @@ class GenWorker(_Worker):
                     if isinstance(m, Stop):
                         return
                     if isinstance(m, Weights):
-                        with tl.span("load", self.name, version=m.version):
-                            self.stage.load(m.version, m.state)
+                        self._load(m)
                     elif isinstance(m, Hello):
                         if m.incarnation > self.incarnation[m.worker]:
                             self._replaced(m, decisions, ready, payload)
@@ -526,6 +574,7 @@ class GenWorker(_Worker):
                     "resource/gen_blocked_env_s": self.blocked_env_s,
                     "resource/gen_clock": time.perf_counter(),
                     "fault/lost_decisions": float(self.lost_decisions),
+                    "pipeline/weights_load_s_mean": self.load_s / max(1, self.loads),
                 }
             )
 
@@ -536,28 +585,126 @@ class StalenessError(RuntimeError):
 
 
 class LearnerWorker(_Worker):
-    """Assembles segments from the env workers' parts, trains, publishes weights."""
+    """One rank of the learner. Rank 0, the leader, assembles segments from the env workers'
+    parts, hands each to the other ranks, trains, publishes the weights to every replica and
+    reports; ranks >= 1 train on what the leader hands them (every rank trains on its shard of
+    each minibatch; the gradients are summed across ranks, ``ebrl.runtime.dist``).
+
+    Args:
+        rank: this rank (0: the leader).
+        world: L, the learner's ranks.
+        board: leader only: publish the weights on a shared-memory board (replicas on this
+            machine read it; a replica elsewhere gets them inline). False: always inline.
+    """
 
     name = "learner"
 
-    def open(self) -> Address:
-        self.stage = self.factory.train()
-        return self._open_inbox()
+    def __init__(
+        self,
+        factory: StageFactory,
+        authkey: bytes,
+        driver_host: str,
+        rank: int = 0,
+        world: int = 1,
+        board: bool = True,
+        owner_pid: int = 0,
+        device: str = "cpu",
+    ) -> None:
+        super().__init__(factory, authkey, driver_host)
+        self.rank, self.world = rank, world
+        self.name = learner_name(rank)
+        self.use_board = board and rank == 0
+        self.owner_pid = owner_pid or os.getpid()
+        self.board: WeightBoard | None = None
+        self.dp = None
+        self.device = device
 
-    def _connect(self, peers: dict[str, Address]) -> None:
-        self.gen = Outbox(peers["gen"], self.authkey)
+    def open(self) -> tuple[Address, tuple[str, int] | None, BoardSpec | None]:
+        """Build the stage; return the inbox, and for the leader the rendezvous address of a
+        learner of several ranks and the weight board's spec (None where there is none)."""
+        self.stage = self.factory.train(device=self.device)
+        address = self._open_inbox()
+        dist = None
+        if self.rank == 0 and self.world > 1:
+            host = address[0] if not address[0].startswith("0.") else node_ip()
+            dist = (host, free_port(host))
+        if self.use_board:
+            # named for the driver's pid (its orphan watchdog sweeps it) when on its machine
+            owner = os.getpid() if self.inline else self.owner_pid
+            self.board = WeightBoard.create(self._state(), owner)
+        return address, dist, self.board.spec if self.board is not None else None
+
+    def _state(self) -> dict[str, torch.Tensor]:
+        return self.stage.algo.policy.state_dict()
+
+    def _connect(self, links: Links) -> None:
+        self.gens = [(Outbox(a, self.authkey), via_board) for a, via_board in links.gens]
         self._check_version()
+        if links.world > 1:
+            assert links.dist is not None
+            device = next(self.stage.algo.policy.parameters()).device
+            self.dp = init_group(links.rank, links.world, links.dist, device=device)
+            self.stage.dp = self.stage.algo.dp = self.dp
         if self.plan.train_resources is not None:
             self.apply_resources(self.plan.train_resources)
 
+    def _close(self) -> None:
+        if self.dp is not None:
+            destroy()
+            self.dp = None
+        if self.board is not None:
+            self.board.close()
+
     def _loop(self) -> None:
+        if self.rank == 0:
+            self._lead()
+        else:
+            self._follow()
+
+    def _hand_on(self, seg: Segment | None) -> Segment | None:
+        """Leader: give ``seg`` (None: stop) to the other ranks; others: receive it."""
+        if self.dp is None:
+            return seg
+        box = [seg]
+        torch.distributed.broadcast_object_list(box, src=0)
+        return box[0]
+
+    def _follow(self) -> None:
+        tl = self.timeline
+        while True:
+            seg = self._hand_on(None)
+            if seg is None:
+                return
+            with tl.span("train", self.name, steps=seg.num_steps):
+                self.stage.train(seg)
+            self.flush()
+
+    def _publish(self) -> None:
+        """The new weights to every replica: on the board for those on this machine (one copy
+        in all), inline for the others."""
+        with self.timeline.span("sync", self.name):
+            version = self.stage.version
+            inline = None
+            if self.board is not None:
+                self.publish_s += self.board.publish(version, self._state())
+            for out, via_board in self.gens:
+                if via_board and self.board is not None:
+                    out.send(Weights(version, None))
+                else:
+                    if inline is None:
+                        inline = self.stage.weights()[1]
+                    out.send(Weights(version, inline))
+
+    def _lead(self) -> None:
         plan, tl = self.plan, self.timeline
         n_workers = len(plan.workers)
         parts: dict[int, dict[int, Part]] = {}
         index = 0
+        self.publish_s = 0.0
         while True:
             for m in self.inbox.recv(timeout=None):
                 if isinstance(m, Stop):
+                    self._hand_on(None)  # the other ranks leave their loop too
                     return
                 if isinstance(m, Part):
                     parts.setdefault(m.index, {})[m.worker] = m
@@ -581,14 +728,15 @@ class LearnerWorker(_Worker):
                     )
                 t0 = time.perf_counter()
                 with tl.span("train", self.name, steps=seg.num_steps):
+                    self._hand_on(seg)
                     metrics = self.stage.train(seg)
                 # the learner's throughput for the allocator: decisions trained per second
                 t_len, n_envs = seg.shape
                 metrics["resource/train_per_s_update"] = (
                     t_len * n_envs / max(time.perf_counter() - t0, 1e-9)
                 )
-                with tl.span("sync", self.name):
-                    self.gen.send(Weights(*self.stage.weights()))
+                self._publish()
+                metrics["pipeline/weights_publish_s"] = self.publish_s / (index + 1)
                 metrics.update(EpisodeStats.merge([got[w].episodes for w in range(n_workers)]))
                 self.driver.send(Report(index, seg.num_steps, metrics))
                 self.flush(force=True)

@@ -1,0 +1,473 @@
+"""Which Ray node each worker of a run goes to: stages ask, :func:`place` decides, Ray obeys.
+
+The roles of a run are ``sim`` (env workers), ``gen`` (generator replicas) and ``learner``
+(learner ranks). Each worker is one :class:`Ask`: a GPU count or share, CPU cores, Ray custom
+resources (``scheduler.resources``), and for a sim worker the generator replica it ``feeds``.
+
+:func:`place` is a pure function of the asks and the cluster's :class:`Node` s (unit-tested
+without Ray):
+
+* GPU asks go to nodes with GPUs; fractional shares are packed onto a node's GPUs, never past
+  its GPU count; a whole ask (1, 2, ...) takes whole free GPUs. Learner ranks fill a node before
+  the next (a data-parallel group prefers one node), generator replicas are spread (round robin
+  weighted by capacity).
+* A sim worker that ``feeds`` a replica goes to that replica's node (its actions and
+  observations stay node-local) when that node can take its ask; otherwise (its custom
+  resources are elsewhere, the node is full), and for sims that feed none, it is spread round
+  robin (weighted by CPUs) and the placement says why (``local=False``, ``note``).
+* Custom resources are respected like Ray does: a node must have what the worker asks, less
+  what earlier workers took.
+* CPU cores are Ray's to count only when asked (``count_cpus=True``): by default the engine's
+  resource manager pins cores itself and Ray gets ``num_cpus=0``.
+
+When an ask cannot be met, :class:`PlacementError` names the worker, its ask and what the nodes
+have. :func:`ray_options` turns a placement into Ray actor options (a hard node affinity, the GPU
+share, the MPS SM quota as ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`` for shares below one GPU), for
+``RayBackend.spawn(..., options=...)``; :func:`describe` prints the table.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+#: roles in the order they are placed: learners and generators take GPUs first, sim workers
+#: follow the replica they feed
+ROLES = ("learner", "gen", "sim")
+#: how a worker is named in messages and tables
+ROLE_NOUN = {"sim": "sim worker", "gen": "gen replica", "learner": "learner rank"}
+#: Ray resources that are options of their own (``num_cpus``, ``num_gpus``), not ``resources``
+BUILTIN = ("CPU", "GPU")
+_EPS = 1e-9
+
+
+class PlacementError(ValueError):
+    """An ask no node of the cluster can meet."""
+
+
+def _frozen(m: Mapping[str, float] | None) -> Mapping[str, float]:
+    return MappingProxyType({str(k): float(v) for k, v in (m or {}).items()})
+
+
+@dataclass(frozen=True)
+class Ask:
+    """What one worker asks for.
+
+    Attributes:
+        role: ``sim``, ``gen`` or ``learner``.
+        index: the worker's index within its role (sim worker w, replica r, rank l).
+        gpus: whole GPUs (1, 2, ...) or a share of one (0 < gpus < 1); 0: none.
+        cpus: cores it needs (Ray counts them only with ``place(..., count_cpus=True)``).
+        resources: Ray custom resources (``{"sim_node": 0.1}``); never ``CPU``/``GPU``.
+        feeds: for a sim worker, the gen replica it sends to (placed on that replica's node).
+    """
+
+    role: str
+    index: int
+    gpus: float = 0.0
+    cpus: float = 0.0
+    resources: Mapping[str, float] = field(default_factory=dict)
+    feeds: int | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "resources", _frozen(self.resources))
+        who = self.name
+        if self.role not in ROLE_NOUN:
+            raise ValueError(f"{who}: role {self.role!r} is not one of {sorted(ROLE_NOUN)}")
+        if self.index < 0:
+            raise ValueError(f"{who}: index must be >= 0")
+        if not (self.gpus >= 0 and math.isfinite(self.gpus)):
+            raise ValueError(f"{who} asks {self.gpus} GPUs: must be >= 0")
+        if self.gpus > 1 and not float(self.gpus).is_integer():
+            raise ValueError(
+                f"{who} asks {self.gpus} GPUs: more than one GPU must be a whole number "
+                "(a share is below 1)"
+            )
+        if not (self.cpus >= 0 and math.isfinite(self.cpus)):
+            raise ValueError(f"{who} asks {self.cpus} CPUs: must be >= 0")
+        for k, v in self.resources.items():
+            if k in BUILTIN:
+                raise ValueError(
+                    f"{who}: resource {k!r} is not a custom resource: ask "
+                    f"{'gpus' if k == 'GPU' else 'cpus'}={v} instead"
+                )
+            if v < 0:
+                raise ValueError(f"{who} asks {v} of resource {k!r}: must be >= 0")
+        if self.feeds is not None and self.role != "sim":
+            raise ValueError(f"{who}: only a sim worker feeds a gen replica")
+
+    def __hash__(self) -> int:
+        items = tuple(sorted(self.resources.items()))
+        return hash((self.role, self.index, self.gpus, self.cpus, items, self.feeds))
+
+    @property
+    def name(self) -> str:
+        """``learner rank 1``, ``gen replica 0``, ``sim worker 3``."""
+        return f"{ROLE_NOUN.get(self.role, self.role)} {self.index}"
+
+    @property
+    def mps_percent(self) -> int | None:
+        """The MPS SM quota of a share below one GPU (``round(100 * gpus)``); None otherwise."""
+        if 0 < self.gpus < 1:
+            return max(1, min(99, round(100 * self.gpus)))
+        return None
+
+
+@dataclass(frozen=True)
+class Node:
+    """One alive Ray node.
+
+    Attributes:
+        node_id: Ray's hex node id.
+        address: its IP (``NodeManagerAddress``).
+        cpus: logical CPUs Ray gives it.
+        gpus: GPUs Ray gives it (declared: a test cluster may declare GPUs it has not).
+        resources: every other Ray resource of the node (custom ones, ``node:<ip>``, memory).
+        head: the head node.
+    """
+
+    node_id: str
+    address: str
+    cpus: float
+    gpus: float
+    resources: Mapping[str, float] = field(default_factory=dict)
+    head: bool = False
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "resources", _frozen(self.resources))
+
+    def __hash__(self) -> int:
+        return hash((self.node_id, self.address, self.cpus, self.gpus, self.head))
+
+    @property
+    def short(self) -> str:
+        """``10.0.0.3/1a2b3c4d``: address and the start of the id (several nodes may share an
+        address on one machine)."""
+        return f"{self.address}/{self.node_id[:8]}"
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where one worker runs.
+
+    Attributes:
+        ask: the worker's ask.
+        node: the node it runs on.
+        gpu_slots: the node-local GPU indices the plan counted it on (a hint for reading the
+            plan: Ray assigns the GPU ids itself, ``ray.get_gpu_ids()`` in the actor).
+        num_cpus: the CPUs Ray accounts for it (0 unless placed with ``count_cpus=True``).
+        local: for a sim worker that feeds a replica, whether it is on the replica's node
+            (False: that node could not take its ask); None otherwise.
+        note: why it is not where it was preferred ("" when it is).
+    """
+
+    ask: Ask
+    node: Node
+    gpu_slots: tuple[int, ...] = ()
+    num_cpus: float = 0.0
+    local: bool | None = None
+    note: str = ""
+
+    @property
+    def role(self) -> str:
+        return self.ask.role
+
+    @property
+    def index(self) -> int:
+        return self.ask.index
+
+
+# --- the cluster ------------------------------------------------------------------------------
+def cluster_nodes(raw: Sequence[Mapping[str, Any]] | None = None) -> list[Node]:
+    """The alive nodes of the cluster this process is connected to (head first, then by
+    address and id).
+
+    Args:
+        raw: entries like ``ray.nodes()`` gives (None: ask Ray; Ray must be initialized).
+    """
+    if raw is None:
+        import ray
+
+        raw = ray.nodes()
+    out = []
+    for n in raw:
+        if not n.get("Alive", False):
+            continue
+        res = {str(k): float(v) for k, v in (n.get("Resources") or {}).items()}
+        out.append(
+            Node(
+                node_id=str(n["NodeID"]),
+                address=str(n.get("NodeManagerAddress", "")),
+                cpus=res.pop("CPU", 0.0),
+                gpus=res.pop("GPU", 0.0),
+                resources=res,
+                head="node:__internal_head__" in res,
+            )
+        )
+    out.sort(key=lambda x: (not x.head, x.address, x.node_id))
+    return out
+
+
+# --- placing ----------------------------------------------------------------------------------
+class _Free:
+    """What is left of one node while placing."""
+
+    def __init__(self, node: Node) -> None:
+        self.node = node
+        whole = int(node.gpus + _EPS)
+        self.gpu = [1.0] * whole
+        if node.gpus - whole > _EPS:  # a declared fraction of a GPU
+            self.gpu.append(node.gpus - whole)
+        self.cpus = node.cpus
+        self.res = dict(node.resources)
+        self.count: dict[str, int] = {}
+
+    def gpu_fit(self, gpus: float) -> tuple[int, ...] | None:
+        """The GPU slots an ask of ``gpus`` would take (first fit), or None."""
+        if gpus <= 0:
+            return ()
+        if gpus < 1:
+            for i, f in enumerate(self.gpu):
+                if f + _EPS >= gpus:
+                    return (i,)
+            return None
+        free = [i for i, f in enumerate(self.gpu) if f >= 1 - _EPS]
+        n = int(gpus)
+        return tuple(free[:n]) if len(free) >= n else None
+
+    def fits(self, ask: Ask, count_cpus: bool) -> tuple[int, ...] | None:
+        if count_cpus and self.cpus + _EPS < ask.cpus:
+            return None
+        for k, v in ask.resources.items():
+            if self.res.get(k, 0.0) + _EPS < v:
+                return None
+        return self.gpu_fit(ask.gpus)
+
+    def take(self, ask: Ask, slots: tuple[int, ...], count_cpus: bool) -> None:
+        share = ask.gpus if ask.gpus < 1 else 1.0
+        for i in slots:
+            self.gpu[i] = max(0.0, self.gpu[i] - share)
+        if count_cpus:
+            self.cpus -= ask.cpus
+        for k, v in ask.resources.items():
+            self.res[k] = self.res.get(k, 0.0) - v
+        self.count[ask.role] = self.count.get(ask.role, 0) + 1
+
+    def free_gpus(self) -> float:
+        return sum(self.gpu)
+
+
+def place(
+    asks: Sequence[Ask],
+    nodes: Sequence[Node],
+    *,
+    count_cpus: bool = False,
+    gpu_setting: Mapping[str, str] | None = None,
+) -> list[Placement]:
+    """Decide the node of every ask; returns the placements in the order of ``asks``.
+
+    Args:
+        asks: one per worker; (role, index) unique; a sim's ``feeds`` names a gen replica
+            among the asks.
+        nodes: the cluster (:func:`cluster_nodes`); their order breaks ties.
+        count_cpus: Ray accounts for the asks' CPUs (``num_cpus``) and a node's CPUs bound
+            what it takes; default: Ray gets ``num_cpus=0`` (the resource manager pins cores).
+        gpu_setting: per role, the setting that sets its GPU ask, for the refusal message
+            (default ``<role>.gpus``).
+
+    Raises:
+        PlacementError: an ask that no node can meet (naming the worker, its ask and what
+            the nodes have), a duplicate worker, or a ``feeds`` without its replica.
+    """
+    if not nodes:
+        raise PlacementError("no alive Ray node to place workers on")
+    seen: set[tuple[str, int]] = set()
+    for a in asks:
+        if (a.role, a.index) in seen:
+            raise PlacementError(f"{a.name} is asked for twice")
+        seen.add((a.role, a.index))
+    gens = {a.index for a in asks if a.role == "gen"}
+    for a in asks:
+        if a.feeds is not None and a.feeds not in gens:
+            raise PlacementError(
+                f"{a.name} feeds gen replica {a.feeds}, but the replicas are {sorted(gens)}"
+            )
+
+    free = [_Free(n) for n in nodes]
+    where: dict[tuple[str, int], Placement] = {}
+    order = sorted(asks, key=lambda a: (ROLES.index(a.role), a.index))
+    for a in order:
+        home = local = None
+        note = ""
+        if a.feeds is not None:
+            home = next(f for f in free if f.node is where["gen", a.feeds].node)
+            slots = home.fits(a, count_cpus)
+            local = slots is not None
+        if local:
+            chosen = home
+        else:
+            fit = [(f, s) for f in free if (s := f.fits(a, count_cpus)) is not None]
+            if not fit:
+                raise PlacementError(_refusal(a, free, count_cpus, gpu_setting))
+            chosen, slots = min(fit, key=lambda fs: _load(a, fs[0], free))
+            if home is not None:  # an explicit ask (custom resources, GPUs) beats locality
+                note = (
+                    f"{a.name} feeds gen replica {a.feeds} on node {home.node.short}, which "
+                    f"cannot also take {_fmt_ask(a, count_cpus)} (it has "
+                    f"{_fmt_free(home, a, count_cpus)}): placed on {chosen.node.short}, its "
+                    "traffic crosses nodes"
+                )
+        chosen.take(a, slots, count_cpus)
+        where[a.role, a.index] = Placement(
+            a, chosen.node, slots, float(a.cpus) if count_cpus else 0.0, local, note
+        )
+    return [where[a.role, a.index] for a in asks]
+
+
+def _load(a: Ask, f: _Free, free: list[_Free]) -> tuple[float, ...]:
+    """Sort key among the nodes that fit ``a``: smallest first."""
+    rank = free.index(f)
+    if a.role == "learner":  # fill one node before the next
+        return (rank,)
+    weight = f.node.gpus if a.gpus > 0 else f.node.cpus
+    # round robin weighted by capacity: the node with the fewest of this role per unit
+    # (a node with twice the GPUs gets twice the replicas); ties: more free GPUs, node order
+    return ((f.count.get(a.role, 0) + 1) / max(weight, 1e-6), -f.free_gpus(), rank)
+
+
+def _fmt_num(x: float) -> str:
+    return f"{x:g}"
+
+
+def _fmt_ask(a: Ask, count_cpus: bool) -> str:
+    parts = []
+    if a.gpus > 0:
+        parts.append(f"{_fmt_num(a.gpus)} GPU" + ("" if a.gpus <= 1 else "s"))
+    if count_cpus and a.cpus > 0:
+        parts.append(f"{_fmt_num(a.cpus)} CPUs")
+    parts += [f"{_fmt_num(v)} {k}" for k, v in sorted(a.resources.items())]
+    return ", ".join(parts) or "nothing"
+
+
+def _fmt_free(f: _Free, a: Ask, count_cpus: bool) -> str:
+    parts = []
+    if a.gpus > 0:
+        best = max(f.gpu, default=0.0)
+        parts.append(
+            f"{_fmt_num(f.free_gpus())} of {_fmt_num(f.node.gpus)} GPUs free"
+            + (f" (at most {_fmt_num(best)} on one GPU)" if 0 < a.gpus < 1 and f.gpu else "")
+        )
+    if count_cpus and a.cpus > 0:
+        parts.append(f"{_fmt_num(f.cpus)} of {_fmt_num(f.node.cpus)} CPUs free")
+    for k in sorted(a.resources):
+        parts.append(f"{_fmt_num(f.res.get(k, 0.0))} {k} free")
+    return ", ".join(parts) or "nothing free"
+
+
+def _refusal(
+    a: Ask, free: list[_Free], count_cpus: bool, gpu_setting: Mapping[str, str] | None
+) -> str:
+    total = sum(f.node.gpus for f in free)
+    ask = _fmt_ask(a, count_cpus)
+    if a.gpus > 0 and total == 0:
+        key = (gpu_setting or {}).get(a.role, f"{a.role}.gpus")
+        return (
+            f"{a.name} asks {ask}; nodes have 0 GPUs ({len(free)} node(s): "
+            f"{', '.join(f.node.short for f in free)}): run on a GPU node or set {key}=0"
+        )
+    if a.gpus > 1 and all(f.node.gpus < a.gpus for f in free):
+        key = (gpu_setting or {}).get(a.role, f"{a.role}.gpus")
+        most = max(f.node.gpus for f in free)
+        return (
+            f"{a.name} asks {ask}; the largest node has {_fmt_num(most)} GPUs (a worker's "
+            f"GPUs are on one node): set {key} to at most {_fmt_num(most)}"
+        )
+    have = "; ".join(f"{f.node.short}: {_fmt_free(f, a, count_cpus)}" for f in free)
+    return (
+        f"{a.name} asks {ask}; no node has that left after the workers placed before it "
+        f"(learners, then gen replicas, then sim workers): {have}. Ask less per worker, fewer "
+        "workers, or add nodes"
+    )
+
+
+# --- Ray --------------------------------------------------------------------------------------
+def ray_options(
+    p: Placement, *, mps: bool = True, mps_pipe: str | Path | None = None
+) -> dict[str, Any]:
+    """Ray actor options for ``p``: merge them over ``RayBackend.spawn``'s defaults
+    (``spawn(..., options=ray_options(p))``).
+
+    * ``scheduling_strategy``: a hard affinity to the placement's node.
+    * ``num_gpus``: the ask (Ray packs fractional shares on one GPU and sets
+      ``CUDA_VISIBLE_DEVICES``); ``num_cpus``: the placement's (0 by default).
+    * ``resources``: the ask's custom resources.
+    * ``runtime_env.env_vars``: for a share below one GPU, the MPS SM quota
+      ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`` (it takes effect where an MPS daemon serves the
+      GPU; without one CUDA ignores it), plus ``CUDA_MPS_PIPE_DIRECTORY`` when ``mps_pipe``
+      is given. Ray merges an actor's ``env_vars`` with the job's (``RayBackend``'s
+      ``VK_ICD_FILENAMES`` ... stay).
+
+    Args:
+        mps: set the MPS quota for shares below one GPU.
+        mps_pipe: the MPS daemon's pipe directory on the node (``MPSDaemon.pipe_dir``).
+    """
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    a = p.ask
+    opts: dict[str, Any] = {
+        "scheduling_strategy": NodeAffinitySchedulingStrategy(node_id=p.node.node_id, soft=False),
+        "num_gpus": float(a.gpus),
+        "num_cpus": float(p.num_cpus),
+    }
+    if a.resources:
+        opts["resources"] = dict(a.resources)
+    env: dict[str, str] = {}
+    if mps and a.mps_percent is not None:
+        env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(a.mps_percent)
+        if mps_pipe is not None:
+            env["CUDA_MPS_PIPE_DIRECTORY"] = str(mps_pipe)
+    if env:
+        opts["runtime_env"] = {"env_vars": env}
+    return opts
+
+
+def describe(placements: Sequence[Placement]) -> str:
+    """A table a person can read in a log: one row per worker, then one per node."""
+    head = ("role", "index", "node", "gpu", "gpu slot", "mps %", "cpus", "resources", "feeds")
+    rows = [head]
+    for p in placements:
+        a = p.ask
+        rows.append(
+            (
+                a.role,
+                str(a.index),
+                p.node.short,
+                _fmt_num(a.gpus) if a.gpus else "-",
+                ",".join(map(str, p.gpu_slots)) or "-",
+                str(a.mps_percent) if a.mps_percent is not None else "-",
+                _fmt_num(a.cpus) + ("" if p.num_cpus or not a.cpus else " (pinned)"),
+                ",".join(f"{k}={_fmt_num(v)}" for k, v in sorted(a.resources.items())) or "-",
+                "-" if a.feeds is None else f"gen {a.feeds}" + ("" if p.local else " (off-node)"),
+            )
+        )
+    widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+    nodes: dict[str, tuple[Node, list[Placement]]] = {}
+    for p in placements:
+        nodes.setdefault(p.node.node_id, (p.node, []))[1].append(p)
+    for node, ps in nodes.values():
+        roles = {r: sum(1 for p in ps if p.role == r) for r in ROLES}
+        gpus = sum(p.ask.gpus for p in ps)
+        cpus = sum(p.ask.cpus for p in ps)
+        lines.append(
+            f"node {node.short}{' (head)' if node.head else ''}: "
+            + ", ".join(f"{n} {r}" for r, n in roles.items() if n)
+            + f"; GPUs {_fmt_num(gpus)}/{_fmt_num(node.gpus)}"
+            + f"; cpus asked {_fmt_num(cpus)}/{_fmt_num(node.cpus)}"
+        )
+    lines += [f"note: {p.note}" for p in placements if p.note]
+    return "\n".join(lines)

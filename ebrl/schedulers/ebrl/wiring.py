@@ -1,0 +1,178 @@
+"""Who sends what to whom in a run on EBRL's workers: the one place the data flow is wired.
+
+Every schedule built on these workers (EBRL, and the Hybrid and Async baselines, which are EBRL
+with levels switched off) has the same roles:
+
+* ``E`` **env workers** ``sim<w>``: one process each, a contiguous block of the run's envs;
+* ``R`` **generator replicas** ``gen`` (``gen<r>`` for r >= 1): each acts for the env workers
+  :meth:`Roles.replica_of` gives it, with its own copy of the weights and its own policy version;
+* a **learner** of ``L`` ranks ``learner`` (``learner<l>`` for l >= 1): rank 0, the leader,
+  assembles segments and talks to everyone; every rank trains on every segment, each on its shard
+  of every minibatch, gradients summed across ranks (torch.distributed: gloo on CPU, NCCL on GPU).
+
+The traffic (the arrows are :class:`~ebrl.runtime.channel.Outbox` -> inbox links unless said)::
+
+    sim w    --Hello, Ready(ids)-->   gen r(w)        observations in the shared slots
+    gen r    --Go(ids)-->             sim w           action chunks in the shared slots
+    sim w    --Part(index, share)-->  learner         a segment's share of w's envs
+    learner  ==broadcast(segment)==>  learner 1..L-1  torch.distributed, not a channel
+    learner  --Weights(version)-->    gen r, every r  the weights on the board (shared memory)
+    learner  --Report, Owed-->        driver          one update done; a replacement's segment
+    any      --Telemetry, Beat, Failed, Applied--> driver
+    driver   --Resources--> gen r, learner;  --Lost--> learner;  --Stop--> every worker
+
+Slots (``ebrl.runtime.slots``) hold one observation and one chunk per env; a worker on another
+machine than the driver carries the rows inline in its messages instead. The weight board
+(``ebrl.runtime.weights``) is written by the leader and read by every replica on the leader's
+machine; a replica elsewhere gets the weights inline in its :class:`Weights` message.
+
+Backpressure is the staleness gate, not queue sizes: a replica acts for an env only while the
+segment that decision lands in will be trained by a learner version at most ``k`` ahead of the
+replica's (``GenWorker._eligible``); so the env workers wait for the generator, the generator for
+the learner's weights, and the learner for the env workers' parts. Nothing is dropped.
+
+Shutdown: the driver tells every worker ``Stop`` (from threads, 2 s in all), then stops their
+handles (Ray kills the processes); the leader hands ``None`` to its followers' broadcast so they
+leave their loop too. A dead env worker is replaced (the driver's ``_EnvRestarts``); a dead
+generator or learner rank stops the run with a StageError, its checkpoint resumes it.
+
+:func:`wire` is a pure function from the roles and the workers' inbox addresses to each worker's
+:class:`Links`: tests call it directly, workers never look peers up by name.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ebrl.runtime.channel import Address
+
+#: the name of the driver's inbox in an address book
+DRIVER = "driver"
+
+
+def sim_name(w: int) -> str:
+    return f"sim{w}"
+
+
+def gen_name(r: int) -> str:
+    """Replica 0 keeps the single generator's name, so 1-replica runs log as before."""
+    return "gen" if r == 0 else f"gen{r}"
+
+
+def learner_name(rank: int) -> str:
+    """Rank 0 (the leader) keeps the single learner's name."""
+    return "learner" if rank == 0 else f"learner{rank}"
+
+
+@dataclass(frozen=True)
+class Roles:
+    """How many of each role a run has, and which replica serves which env worker.
+
+    Attributes:
+        sims: env ids of each env worker.
+        replicas: R, generator replicas (each serves a contiguous block of env workers).
+        ranks: L, learner ranks.
+    """
+
+    sims: list[list[int]]
+    replicas: int = 1
+    ranks: int = 1
+
+    def __post_init__(self) -> None:
+        if self.replicas < 1 or self.ranks < 1:
+            raise ValueError(f"roles: replicas={self.replicas}, ranks={self.ranks}: must be >= 1")
+        if self.replicas > len(self.sims):
+            raise ValueError(
+                f"scheduler.gen_replicas={self.replicas} > scheduler.sim_workers="
+                f"{len(self.sims)}: every replica serves at least one env worker; "
+                "lower gen_replicas or raise sim_workers"
+            )
+
+    @property
+    def replica_of(self) -> tuple[int, ...]:
+        """Env worker -> the replica that acts for it (contiguous blocks of env workers)."""
+        blocks = np.array_split(np.arange(len(self.sims)), self.replicas)
+        return tuple(int(r) for r, b in enumerate(blocks) for _ in b)
+
+    def served_by(self, r: int) -> list[int]:
+        """The env workers replica ``r`` acts for."""
+        return [w for w, rr in enumerate(self.replica_of) if rr == r]
+
+    def names(self) -> list[str]:
+        return (
+            [sim_name(w) for w in range(len(self.sims))]
+            + [gen_name(r) for r in range(self.replicas)]
+            + [learner_name(i) for i in range(self.ranks)]
+        )
+
+
+@dataclass(frozen=True)
+class Links:
+    """What one worker sends to: every address it needs, nothing looked up by name.
+
+    Attributes:
+        driver: the driver's inbox (reports, telemetry, heartbeats, failures).
+        gen: env worker: the replica it sends Hello/Ready to.
+        learner: env worker: the leader it sends its parts to.
+        envs: replica: env worker -> inbox, for the env workers it serves.
+        gens: leader: every replica's inbox, with whether it reads the weight board.
+        rank: learner: its rank; world: the learner's ranks.
+        dist: learner: the leader's (host, port) for torch.distributed's rendezvous (None: 1 rank).
+        board: replica: the weight board it reads (None: weights come inline).
+    """
+
+    driver: Address
+    gen: Address | None = None
+    learner: Address | None = None
+    envs: dict[int, Address] = field(default_factory=dict)
+    gens: tuple[tuple[Address, bool], ...] = ()
+    rank: int = 0
+    world: int = 1
+    dist: tuple[str, int] | None = None
+    board: Any = None
+
+
+def same_machine(a: Address, b: Address) -> bool:
+    """Whether two inboxes are on one machine: workers on the driver's advertise 127.0.0.1."""
+    return a[0] == b[0]
+
+
+def wire(
+    roles: Roles,
+    inboxes: dict[str, Address],
+    board: Any = None,
+    dist: tuple[str, int] | None = None,
+) -> dict[str, Links]:
+    """Every worker's links.
+
+    Args:
+        roles: the run's roles.
+        inboxes: worker name (and ``DRIVER``) -> inbox address.
+        board: the leader's weight board spec (None: weights travel inline to every replica).
+        dist: the leader's rendezvous address for a learner of more than one rank.
+    """
+    driver = inboxes[DRIVER]
+    leader = inboxes[learner_name(0)]
+    replica_of = roles.replica_of
+    out: dict[str, Links] = {}
+    for w in range(len(roles.sims)):
+        out[sim_name(w)] = Links(driver, gen=inboxes[gen_name(replica_of[w])], learner=leader)
+    gens = []
+    for r in range(roles.replicas):
+        addr = inboxes[gen_name(r)]
+        local = board is not None and same_machine(addr, leader)
+        gens.append((addr, local))
+        envs = {w: inboxes[sim_name(w)] for w in roles.served_by(r)}
+        out[gen_name(r)] = Links(driver, envs=envs, board=board if local else None)
+    for rank in range(roles.ranks):
+        out[learner_name(rank)] = Links(
+            driver,
+            gens=tuple(gens) if rank == 0 else (),
+            rank=rank,
+            world=roles.ranks,
+            dist=dist if roles.ranks > 1 else None,
+        )
+    return out
