@@ -18,6 +18,8 @@ from multiprocessing.connection import Client, Connection, Listener, wait
 from typing import Any
 
 Address = tuple[str, int]
+#: pending connections an inbox's listening socket queues (the kernel caps it at somaxconn)
+BACKLOG = 256
 
 
 def new_authkey() -> bytes:
@@ -35,7 +37,10 @@ class Inbox:
     """
 
     def __init__(self, authkey: bytes, host: str = "127.0.0.1", advertise: str | None = None):
-        self._listener = Listener((host, 0), authkey=authkey)
+        # a deep accept queue: every worker connects at start-up at once, and with
+        # multiprocessing's default backlog of 1 Linux may drop a connection's final ACK while
+        # the queue is full; that sender then waits forever for the authentication challenge
+        self._listener = Listener((host, 0), authkey=authkey, backlog=BACKLOG)
         port = self._listener.address[1]
         self.address: Address = (advertise or host, port)
         self._conns: list[Connection] = []
