@@ -9,12 +9,13 @@ export VK_ICD_FILENAMES ?= $(abspath $(VULKAN))
 export PYTHONUNBUFFERED := 1
 SEEDS ?= 0,1,2
 
-.PHONY: help setup run train test test-faults test-gpu test-rlinf test-slurm lint format bench-sim bench-learn learn-report late-eval bench-sched bench-alloc bench-soak clean
+.PHONY: help setup run train test test-slow test-faults test-gpu test-rlinf test-slurm lint format bench-sim bench-learn learn-report late-eval bench-sched bench-alloc bench-soak clean
 
 help:
 	@echo "make run        set up, then the main job: EBRL vs Colocated/Hybrid/Async, 3 seeds (~10 min)"
 	@echo "make train      one short PPO training run with a progress bar"
 	@echo "make test       set up, then the default test suite"
+	@echo "make test-slow  the slower checks (a 2-node Ray cluster's placement); CI runs them too"
 	@echo "make test-faults the fault-injection matrix: every scheduler x signals, killed workers and drivers (~40 min)"
 	@echo "make test-gpu   the GPU checks (NVIDIA GPU + MPS), scripts/gpu_check.sh"
 	@echo "make test-rlinf the RLinf golden tests (own venv with rlinf 0.3, RLinf checkout at v0.3)"
@@ -67,6 +68,10 @@ train: setup
 
 test: setup
 	$(PY) -m pytest -q
+
+# the slower checks outside the default run (a 2-node Ray cluster's placement, ...); CI runs them
+test-slow: setup
+	$(PY) -m pytest -q -m slow
 
 # The fault-injection matrix (tests/test_faults.py): every scheduler x SIGTERM (driver; whole
 # job), USR2, SIGINT, SIGKILL of the driver, of an env worker, the generator, the learner; each

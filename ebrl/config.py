@@ -397,6 +397,26 @@ class LauncherKind(StrEnum):
 
 
 @dataclass
+class ScaleConfig:
+    """The roles a run asks for at scale (issue 16), for the schedulers on EBRL's workers: the
+    ``ebrl``, ``hybrid`` and ``async`` scheduler nodes take their role settings from here
+    (``conf/scheduler/*.yaml`` interpolate them), so one scale point (``conf/axis/scale/``) sizes
+    every scheduler of a sweep alike. ``sync`` and ``colocated`` run every stage in the driver
+    process and have no roles (the dry run says so)."""
+
+    #: env worker processes (scheduler.sim_workers)
+    sim_workers: int = 2
+    #: generator replicas (scheduler.gen_replicas)
+    gen_replicas: int = 1
+    #: data-parallel learner ranks (scheduler.learner_ranks)
+    learner_ranks: int = 1
+    #: GPU share per replica (scheduler.gen_gpus; < 1: an MPS quota)
+    gen_gpus: float = 0.0
+    #: GPU share per learner rank (scheduler.learner_gpus)
+    learner_gpus: float = 0.0
+
+
+@dataclass
 class LauncherNode:
     """Where a sweep's jobs run (``conf/launcher/``); its values reach ``hydra.launcher`` (the
     hydra-submitit-launcher keys) by interpolation, so one place holds them."""
@@ -755,6 +775,8 @@ class RunConfig:
     gpu: GPUNode = field(default_factory=GPUNode)
     resources: ResourcesNode = field(default_factory=ResourcesNode)
     launcher: LauncherNode = field(default_factory=LauncherNode)
+    #: the roles at scale (replicas, learner ranks, GPU shares) for ebrl / hybrid / async
+    scale: ScaleConfig = field(default_factory=ScaleConfig)
     #: which variant of a sweep axis this run is (e.g. ablation/full); a param in MLflow
     variant: str = ""
     #: run seed: policy init, sampling, env reset seeds

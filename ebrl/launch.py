@@ -114,6 +114,8 @@ class Plan:
     errors: list[tuple[Job, str]] = field(default_factory=list)
     #: the MLflow stores the jobs log to: (tracking uri or None, local store folder, experiment)
     stores: set[tuple[str | None, str, str]] = field(default_factory=set)
+    #: job index -> what its scheduler places per role (:func:`roles_line`)
+    roles: dict[int, str] = field(default_factory=dict)
 
     @property
     def n_jobs(self) -> int:
@@ -190,7 +192,31 @@ def submitit_params(launcher: dict[str, Any]) -> tuple[str, dict[str, Any]]:
 
 
 #: (launcher kind, sbatch params, validation error or None, MLflow store or None)
-_Checked = tuple[str, dict[str, Any], str | None, tuple[str | None, str, str] | None]
+_Checked = tuple[str, dict[str, Any], str | None, tuple[str | None, str, str] | None, str | None]
+
+
+def roles_line(job: dict[str, Any]) -> str:
+    """What a job's scheduler places, per role, and how many of the GPUs it asks Slurm for
+    that uses: env workers, generator replicas x GPU share, learner ranks x GPU share.
+
+    A scheduler without roles (sync, colocated: every stage in the driver process) uses at most
+    one device; a real RLinf launch places its own components."""
+    sched = job.get("scheduler") or {}
+    lau = job.get("launcher") or {}
+    asked = int(lau.get("nodes", 1) or 1) * int(lau.get("gpus_per_node", 0) or 0)
+    if "gen_replicas" not in sched:
+        kind = str(sched.get("_target_", "?")).rsplit(".", 1)[-1]
+        return f"roles: {kind} runs every stage in one process; GPUs asked {asked}"
+    r, ll = int(sched["gen_replicas"]), int(sched["learner_ranks"])
+    gg, lg = float(sched["gen_gpus"]), float(sched["learner_gpus"])
+    used = r * gg + ll * lg
+    line = (
+        f"roles: {sched['sim_workers']} env workers, {r} gen replica(s) x {gg:g} GPU, "
+        f"{ll} learner rank(s) x {lg:g} GPU; GPUs used {used:g} of {asked} asked"
+    )
+    if asked and used < asked:
+        line += " (set scheduler.gen_replicas/learner_ranks/gen_gpus/learner_gpus to use all)"
+    return line
 
 
 def plan(sweep: str, overrides: list[str], out: str | None = None) -> Plan:
@@ -201,13 +227,14 @@ def plan(sweep: str, overrides: list[str], out: str | None = None) -> Plan:
     arrays: dict[tuple[str, str], JobArray] = {}
     errors: list[tuple[Job, str]] = []
     checked: dict[tuple[str, ...], _Checked] = {}
+    role_lines: dict[int, str] = {}
     stores: set[tuple[str | None, str, str]] = set()
     for i, ovs in enumerate(job_lists):
         job = Job(index=i, overrides=tuple(ovs))
         key = tuple(o for o in ovs if _key(o) not in _SEED_KEYS)
         if key not in checked:
             checked[key] = _check_job(sweep, list(ovs))
-        kind, params, error, store = checked[key]
+        kind, params, error, store, roles = checked[key]
         if store is not None:
             stores.add(store)
         if error is not None:
@@ -215,8 +242,12 @@ def plan(sweep: str, overrides: list[str], out: str | None = None) -> Plan:
             continue
         group = (kind, json.dumps(params, sort_keys=True, default=str))
         arrays.setdefault(group, JobArray(label="", launcher=kind, params=params)).jobs.append(job)
+        if roles is not None:
+            role_lines[i] = roles
     out_dir = str(Path(out or default_out).resolve())
-    result = Plan(sweep, list(overrides), out_dir, list(arrays.values()), errors, stores)
+    result = Plan(
+        sweep, list(overrides), out_dir, list(arrays.values()), errors, stores, role_lines
+    )
     _label(result)
     return result
 
@@ -226,7 +257,7 @@ def _check_job(sweep: str, overrides: list[str]) -> _Checked:
     try:
         cfg = _compose([f"+sweep={sweep}", *overrides])
     except Exception as e:  # a group option that does not exist, a wrong key
-        return LauncherKind.local.value, {}, f"does not compose: {e}", None
+        return LauncherKind.local.value, {}, f"does not compose: {e}", None, None
     launcher = OmegaConf.to_container(cfg.hydra.launcher, resolve=True)
     kind, params = submitit_params(launcher)  # type: ignore[arg-type]
     tr = cfg.tracking
@@ -239,10 +270,11 @@ def _check_job(sweep: str, overrides: list[str]) -> _Checked:
         machine = local_machine() if kind != LauncherKind.slurm else target_machine(run)
         validate(job, machine=machine)
     except ConfigError as e:
-        return kind, params, str(e), store
+        return kind, params, str(e), store, None
     except Exception as e:  # a node's own check (e.g. in __post_init__)
-        return kind, params, f"{type(e).__name__}: {e}", store
-    return kind, params, None, store
+        return kind, params, f"{type(e).__name__}: {e}", store, None
+    roles = roles_line(OmegaConf.to_container(job, resolve=True))  # type: ignore[arg-type]
+    return kind, params, None, store, roles
 
 
 def prepare_stores(p: Plan) -> None:
@@ -356,7 +388,11 @@ def describe(p: Plan, *, dry_run: bool) -> str:
             lines += [f"runs on this machine ({a.launcher} launcher): no Slurm job"]
         verb = "submit" if a.launcher == LauncherKind.slurm else "run"
         lines += [f"{verb} with: python " + shlex.join(hydra_command(p, a)[1:])]
-        lines += ["jobs:"] + [f"  [{j.index}] {j.command(p.sweep)}" for j in a.jobs]
+        lines += ["jobs:"]
+        for j in a.jobs:
+            lines += [f"  [{j.index}] {j.command(p.sweep)}"]
+            if j.index in p.roles:
+                lines += [f"      {p.roles[j.index]}"]
     if n_slurm and any(uri is None for uri, _, _ in p.stores):
         lines += [
             "",

@@ -270,6 +270,7 @@ def own_ray_pids(tag: str) -> set[int]:
     return out
 
 
+@pytest.mark.slow  # a 2-node Ray cluster: ~20 s; make test-slow (CI runs it)
 def test_two_node_cluster_puts_every_actor_on_its_placement(monkeypatch):
     ray = pytest.importorskip("ray")
     from ray.cluster_utils import Cluster

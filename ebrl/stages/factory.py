@@ -118,6 +118,9 @@ class StageFactory:
             algo.optimizer.load_state_dict(ckpt["optimizer"])
             if "torch_rng" in ckpt:  # checkpoints from before it have none
                 torch.set_rng_state(ckpt["torch_rng"])
+            if "torch_cuda_rng" in ckpt and torch.device(device).type == "cuda":
+                # a CUDA learner's minibatch permutations draw from the CUDA generator
+                torch.cuda.set_rng_state(ckpt["torch_cuda_rng"], device)
         inject = self.cfg.get("inject") or {}  # configs from before the option have none
         stage = TrainStage(
             algo,
