@@ -24,25 +24,11 @@ import pytest
 
 from ebrl.resources.apply import MPSDaemon
 from tests.conftest import make_cfg
+from tests.gpu.test_gpu_mps import requires_gpu
 from tests.test_ebrl_scheduler import context
 
 pytestmark = pytest.mark.gpu
 
-
-def _gpus() -> int:
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-    except Exception:  # no library, no driver: no GPU
-        return 0
-    try:
-        return int(pynvml.nvmlDeviceGetCount())
-    finally:
-        pynvml.nvmlShutdown()
-
-
-requires_gpu = pytest.mark.skipif(_gpus() == 0, reason="needs an NVIDIA GPU (NVML)")
 
 UPDATES = 6
 

@@ -320,10 +320,10 @@ class EBRLScheduler:
                 )
             for h in gens:
                 book[h.name] = h.open()
-            board, dist = None, None
-            for h in learners:
-                book[h.name], d, b = h.open()
-                board, dist = (b, d) if h is learners[0] else (board, dist)
+            opened = [h.open() for h in learners]  # (inbox, rendezvous, board spec) each
+            for h, (address, _, _) in zip(learners, opened, strict=True):
+                book[h.name] = address
+            _, dist, board = opened[0]  # the leader's
             links = wire(roles, book, board, dist)
             for h in handles:
                 h.start(links[h.name], plan)

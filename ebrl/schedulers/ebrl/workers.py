@@ -626,8 +626,7 @@ class LearnerWorker(_Worker):
         address = self._open_inbox()
         dist = None
         if self.rank == 0 and self.world > 1:
-            host = address[0] if not address[0].startswith("0.") else node_ip()
-            dist = (host, free_port(host))
+            dist = (address[0], free_port(address[0]))  # where the other ranks reach it
         if self.use_board:
             # named for the driver's pid (its orphan watchdog sweeps it) when on its machine
             owner = os.getpid() if self.inline else self.owner_pid
