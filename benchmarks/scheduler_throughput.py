@@ -48,6 +48,18 @@ WORKLOAD = [
     "algo.cfg.update_epochs=2",
     "algo.cfg.num_minibatches=2",
 ]
+#: --workload name -> the simulator overrides that replace PushCube. "sleep": a synthetic
+#: simulator that waits (no CPU) 2 ms per step with P99 = 3x the mean, the case where
+#: pipelining and the step level should pay
+WORKLOADS: dict[str, list[str]] = {
+    "pushcube": [],
+    "sleep": [
+        "simulator=synthetic",
+        "simulator.cost_mode=sleep",
+        "simulator.step_cost_ms=2",
+        "simulator.tail_ratio=3",
+    ],
+}
 #: name -> overrides. Baselines first: "sync" is the in-process synchronous scheduler,
 #: "sync-workers" the same lock-step schedule on EBRL's worker processes (all levels off), and
 #: colocated / hybrid / async are the RLinf replicas (baselines/). Then EBRL's levels added one
@@ -59,7 +71,20 @@ CONFIGS: dict[str, list[str]] = {
     "sync-workers": ["scheduler=ebrl", *LEVELS_OFF, "threads.train=2"],
     "hybrid": ["scheduler=hybrid", "threads.gen=1"],
     "async": ["scheduler=async", "scheduler.staleness=1", "threads.gen=1", "threads.train=1"],
-    "+pipeline": ["scheduler=ebrl", "scheduler.step_level=false", "threads.train=1"],
+    # the ablation pins every level; "ebrl" is EBRL as a user types it: its resource manager
+    # chooses G, the step level and M (ebrl/resources/shape.py)
+    "+pipeline": [
+        "scheduler=ebrl",
+        "scheduler.pipeline=true",
+        "scheduler.step_level=false",
+        "threads.train=1",
+    ],
+    "+step": [
+        "scheduler=ebrl",
+        "scheduler.pipeline=true",
+        "scheduler.step_level=true",
+        "threads.train=1",
+    ],
     "ebrl": ["scheduler=ebrl", "threads.train=1"],
     # EBRL scaled out as far as 2 cores allow (issue 16): 2 replicas, a 2-rank gloo learner
     "ebrl-r2l2": [
@@ -74,18 +99,21 @@ ABLATION = (
     ("levels off", "sync-workers"),
     ("+overlap (k=1)", "async"),
     ("+pipeline (G=2)", "+pipeline"),
-    ("+step level", "ebrl"),
+    ("+step level (M = half a group)", "+step"),
+    ("EBRL's chosen shape", "ebrl"),
 )
 IN_PROCESS = ("sync", "colocated")
 
 
-def run(name: str, seed: int, iters: int, warmup: int, out: Path, experiment: str) -> dict:
+def run(
+    name: str, seed: int, iters: int, warmup: int, out: Path, experiment: str, workload: list[str]
+) -> dict:
     run_dir = out / "runs" / f"{name}-s{seed}"
     cmd = [
         sys.executable,
         "-m",
         "ebrl.train",
-        *WORKLOAD,
+        *workload,
         *CONFIGS[name],
         f"seed={seed}",
         f"budget.iterations={iters}",
@@ -100,12 +128,29 @@ def run(name: str, seed: int, iters: int, warmup: int, out: Path, experiment: st
     rows = list(csv.DictReader((run_dir / "metrics.csv").open()))
     s.update(config=name, seed=seed, command=" ".join(cmd[1:]))
     s.update(bound_and_overhead(rows, warmup, sim_workers=1 if name in IN_PROCESS else 2))
+    shape = run_dir / "shape.json"
+    if shape.exists():  # the resource manager's choice, its prediction and its cost
+        chosen = json.loads(shape.read_text())
+        s["shape"] = describe_shape(chosen["shape"])
+        s["shape_predicted"] = next(
+            p["throughput"]
+            for p in chosen["predictions"]
+            if all(p[k] == v for k, v in chosen["shape"].items())
+        )
+        s["shape_profile_s"] = chosen["profile_s"] + chosen["search_s"]
     print(
         f"  {name:13s} seed {seed}: {s['throughput_e2e']:7.1f} steps/s "
-        f"(bound {s['bound']:.0f}, glue cpu {s['glue_cpu_frac']:.3f})",
+        f"(bound {s['bound']:.0f}, glue cpu {s['glue_cpu_frac']:.3f})"
+        + (f", shape {s['shape']} in {s['shape_profile_s']:.1f} s" if "shape" in s else ""),
         flush=True,
     )
     return s
+
+
+def describe_shape(shape: dict) -> str:
+    if shape["step_level"]:
+        return f"step level M={shape['batch_min']}"
+    return f"G={shape['env_groups']} lock step"
 
 
 def bound_and_overhead(rows: list[dict], warmup: int, sim_workers: int) -> dict:
@@ -139,19 +184,21 @@ def main() -> None:
     # a schedule)
     ap.add_argument("--configs", default=",".join(n for n in CONFIGS if n != "ebrl-r2l2"))
     ap.add_argument("--experiment", default="bench-scheduler", help="MLflow experiment")
+    ap.add_argument("--workload", default="pushcube", choices=sorted(WORKLOADS))
     ap.add_argument(
         "--out", default=str(ROOT / "results" / "scheduler" / time.strftime("%Y-%m-%d"))
     )
     args = ap.parse_args()
     seeds = [int(s) for s in args.seeds.split(",")]
     names = args.configs.split(",")
+    workload = WORKLOAD + WORKLOADS[args.workload]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     rows = []
     total, t0 = len(seeds) * len(names), time.time()
     for s in seeds:
         for n in names:
-            rows.append(run(n, s, args.iterations, args.warmup, out, args.experiment))
+            rows.append(run(n, s, args.iterations, args.warmup, out, args.experiment, workload))
             left = (time.time() - t0) / len(rows) * (total - len(rows))
             print(f"  [{len(rows)}/{total} runs, ~{left / 60:.0f} min left]", flush=True)
 
@@ -200,11 +247,21 @@ def main() -> None:
             f"EBRL wall time with no stage running: {bootstrap_ci(ovh).fmt('.3f')}",
             f"EBRL worker CPU outside stage calls: {bootstrap_ci(glue).fmt('.3f')}",
         ]
+        shaped = [r for r in ebrl_rows if "shape" in r]
+        if shaped:
+            err = np.array([r["shape_predicted"] / r["throughput_e2e"] for r in shaped])
+            cost = np.array([r["shape_profile_s"] for r in shaped])
+            lines += [
+                "EBRL's chosen shape per seed: "
+                + ", ".join(f"s{r['seed']} {r['shape']}" for r in shaped),
+                f"its start-up profile and search, seconds: {bootstrap_ci(cost).fmt('.1f')}",
+                f"the model's predicted / measured throughput: {bootstrap_ci(err).fmt('.2f')}",
+            ]
     table = "\n".join(lines)
     print("\n" + table)
     prov = provenance(
         seeds,
-        workload=WORKLOAD,
+        workload=workload,
         configs={n: CONFIGS[n] for n in names},
         iterations=args.iterations,
         warmup=args.warmup,
@@ -221,6 +278,9 @@ def main() -> None:
         "wall_s",
         "success_rate",
         "commit",
+        "shape",
+        "shape_predicted",
+        "shape_profile_s",
     )
     with (out / "runs.csv").open("w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=keep, extrasaction="ignore")

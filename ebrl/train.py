@@ -333,6 +333,8 @@ def train(cfg: DictConfig) -> Summary:
                 if summary.iterations == prog.iterations + run.warmup_iters:
                     t_steady, steps_steady = t_last, summary.env_steps
                 m = dict(rep.metrics)
+                if rep.params and prog.iterations == 0:  # params are immutable: first attempt
+                    tracker.log_params({k: str(v) for k, v in rep.params.items()})
                 m["time/wall_s"] = now
                 m["env/steps_total"] = summary.env_steps
                 m["throughput/env_steps_per_s"] = (summary.env_steps - prog.env_steps) / max(
@@ -531,7 +533,7 @@ def _refuse_unwired_resources(run: RunConfig) -> None:
             f"{', '.join(cores)}: cores are only given out with pinning; set resources.pin=true, "
             "or split threads with resources.gen_threads / train_threads"
         )
-    if res.gen_batch is not None and (res.gen_batch < 1 or not run.scheduler.step_level):
+    if res.gen_batch is not None and (res.gen_batch < 1 or run.scheduler.step_level is False):
         raise ConfigError(
             f"resources.gen_batch={res.gen_batch}: the generator's batch size must be >= 1 and "
             "only applies with scheduler.step_level=true (otherwise it acts on whole env groups)"
@@ -628,7 +630,18 @@ def _write_outputs(
         if summary.eval_success_rate is not None:
             final["summary/eval_success_rate"] = summary.eval_success_rate
         tracker.log_metrics(final, step=summary.env_steps)
-        for p in (run_dir / "config.yaml", spath, trace, curve_path, run_dir / "eval_curve.csv"):
+        # the run's own files, and the resource manager's (its shape search, profile, split and
+        # reallocations)
+        own = ("shape.json", "resources.json", "profile.json", "reallocations.jsonl")
+        own += ("placement.txt",)
+        for p in (
+            run_dir / "config.yaml",
+            spath,
+            trace,
+            curve_path,
+            run_dir / "eval_curve.csv",
+            *(run_dir / f for f in own),
+        ):
             if p.exists():
                 tracker.log_artifact(p)
     finally:

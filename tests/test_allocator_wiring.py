@@ -48,11 +48,13 @@ def metrics(tmp_path) -> list[dict[str, str]]:
 
 
 def test_static_default_runs_as_before(tiny_cfg, tmp_path, applied, monkeypatch):
-    """threads.* as before, no pinning anywhere, the scheduler's batch_min, nothing reallocated."""
+    """threads.* as before, no pinning anywhere, the scheduler's batch_min, nothing reallocated
+    (the levels pinned: no shape search)."""
     pins = []
     monkeypatch.setattr(workers, "pin", lambda *a: pins.append(a))
     monkeypatch.setattr(workers, "pin_process", lambda *a: pins.append(a))
-    cfg = tiny_cfg([*EBRL, "threads.gen=1", "threads.train=1"])
+    levels = ["scheduler.pipeline=true", "scheduler.step_level=true"]
+    cfg = tiny_cfg([*EBRL, *levels, "threads.gen=1", "threads.train=1"])
     train(cfg)
     assert pins == []
     gen, learner = last(applied, "gen"), last(applied, "learner")
@@ -164,7 +166,9 @@ def test_elastic_run_profiles_itself_without_a_stored_profile(tiny_cfg, tmp_path
     run = tmp_path / "run"
     prof = Profile.load(run / "profile.json")
     assert prof.stages == ("gen", "sim", "train") and prof.shares("gen") == (1, 2)
-    assert prof.batch_sizes("sim") == (2,)  # one env worker's group: 4 envs in 2 groups
+    # the largest env group of the shape the manager chose: 4 envs in G groups
+    g = json.loads((run / "shape.json").read_text())["shape"]["env_groups"]
+    assert prof.batch_sizes("sim") == (4 // g,)
     info = json.loads((run / "resources.json").read_text())
     assert info["allocator"] == "elastic" and info["profile_s"] > 0
     # at most threads.gen + threads.train; threads the simulators' pace does not need are left

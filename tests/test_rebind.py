@@ -84,3 +84,60 @@ def test_rebinding_run_keeps_moves_within_this_machines_cpus(monkeypatch):
 def test_rebind_needs_step_level():
     with pytest.raises(ValueError, match="step_level"):
         EBRLScheduler(rebind=True, step_level=False)
+
+
+# --- every thread moves ------------------------------------------------------------------------
+CHILD = """
+import threading, time
+for _ in range(3):
+    threading.Thread(target=time.sleep, args=(30,), daemon=True).start()
+print("up", flush=True)
+time.sleep(30)
+"""
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 cores to move between")
+def test_rebinding_moves_every_thread_of_an_env_worker_process():
+    import subprocess
+    import sys
+
+    from ebrl.resources.apply import rebind_threads, threads_of
+
+    core = max(os.sched_getaffinity(0))
+    child = subprocess.Popen([sys.executable, "-c", CHILD], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "up"
+        tids = threads_of(child.pid)
+        assert len(tids) >= 4  # the main thread and its three
+        rebind_threads({child.pid: {core}})
+        assert all(os.sched_getaffinity(t) == {core} for t in tids)
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_an_in_process_workers_thread_moves_alone():
+    import threading
+
+    from ebrl.resources.apply import affinity, rebind_threads, threads_of
+
+    started, done = threading.Event(), threading.Event()
+    tid: list[int] = []
+
+    def worker():
+        tid.append(threading.get_native_id())
+        started.set()
+        done.wait(10)
+
+    t = threading.Thread(target=worker)
+    t.start()
+    started.wait(10)
+    mine = affinity(0)
+    try:
+        assert threads_of(tid[0]) == tid  # a thread of this process: not the whole process
+        rebind_threads({tid[0]: {min(mine)}})
+        assert os.sched_getaffinity(tid[0]) == {min(mine)}
+        assert affinity(0) == mine  # the host's (the driver's) own thread did not move
+    finally:
+        done.set()
+        t.join()

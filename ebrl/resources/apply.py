@@ -87,6 +87,38 @@ def rebind(moves: Mapping[int, Iterable[int]]) -> dict[int, set[int]]:
     return before
 
 
+def threads_of(pid: int) -> list[int]:
+    """The thread ids to move for ``pid``: every thread of the process when ``pid`` names a
+    process (its thread-group leader), just ``pid`` when it names a thread of another (an
+    in-process worker's thread must not move its host's other threads). A gone or unreadable
+    id is returned as itself (``rebind`` skips it if it is gone)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+        tgid = int(next(ln.split()[1] for ln in status.splitlines() if ln.startswith("Tgid:")))
+        if tgid != pid:
+            return [pid]
+        return sorted(int(t) for t in os.listdir(f"/proc/{pid}/task"))
+    except (OSError, StopIteration, ValueError):
+        return [pid]
+
+
+def rebind_threads(moves: Mapping[int, Iterable[int]]) -> dict[int, set[int]]:
+    """:func:`rebind` for whole processes: each pid's every thread moves (``sched_setaffinity``
+    on a pid moves only its main thread; torch's intra-op threads and a simulator's workers
+    would stay where they were). Thread ids of a shared process move alone
+    (:func:`threads_of`).
+
+    Returns:
+        thread id -> previous affinity, for those that were moved.
+    """
+    expanded: dict[int, list[int]] = {}
+    for pid, cores in moves.items():
+        want = sorted(set(cores))
+        for tid in threads_of(pid):
+            expanded[tid] = want
+    return rebind(expanded)
+
+
 def pin_process(cores: Iterable[int]) -> dict[int, set[int]]:
     """Pin every thread of this process to ``cores`` (``pin(0, ...)`` moves only the calling
     thread; torch's worker threads and a runtime's helpers would stay where they were).

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 
@@ -42,11 +42,14 @@ class IterationReport:
         iteration: 0-based update index.
         env_steps: environment steps (single actions) in the segment this update trained on.
         metrics: ``train/*``, ``env/*``, ``pipeline/*`` values for this iteration.
+        params: run parameters decided while running (the shape the resource manager chose),
+            logged once as MLflow params.
     """
 
     iteration: int
     env_steps: int
     metrics: dict[str, float] = field(default_factory=dict)
+    params: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -60,10 +60,19 @@ class StageFactory:
         """Global env ids split into ``parts`` contiguous blocks (one per sim worker)."""
         return [[int(i) for i in p] for p in np.array_split(np.arange(self.cfg["num_envs"]), parts)]
 
-    def make_env(self, env_id: int):
+    #: a simulator's fault-injection settings, off in the envs the resource manager times
+    #: (a probe runs in the driver: an injected exit there would end the whole run)
+    FAULTS = ("fail_after_steps",)
+
+    def make_env(self, env_id: int, probe: bool = False):
+        """Env ``env_id`` of the run's simulator; ``probe``: a copy for timing, its fault
+        injection off (its injected slowdowns kept: they are its costs)."""
         sim = self.node.simulator
         cls = get_class(sim._target_)
-        kwargs = {"env_id": env_id} if "env_id" in inspect.signature(cls).parameters else {}
+        params = inspect.signature(cls).parameters
+        kwargs: dict[str, Any] = {"env_id": env_id} if "env_id" in params else {}
+        if probe:
+            kwargs.update({k: None for k in self.FAULTS if k in params})
         return instantiate(sim, **kwargs)
 
     def sim(self, env_ids: list[int], incarnation: int = 0) -> SimStage:

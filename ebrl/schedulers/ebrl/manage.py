@@ -19,6 +19,7 @@ The caller says whether the manager applies and where the run folder is (``RunCo
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import math
@@ -40,7 +41,9 @@ from ebrl.resources.manager import (
     restrict_train_batch,
     train_minibatch,
 )
+from ebrl.resources.model import Shape, Workload
 from ebrl.resources.profiler import Profile
+from ebrl.resources.shape import Probes, ShapeChoice, gen_batches_for, measure, search
 from ebrl.resources.topology import Topology, discover_cores
 from ebrl.runtime.channel import Outbox
 from ebrl.schedulers.ebrl.messages import Applied, Resources
@@ -243,3 +246,90 @@ def _json(o: Any) -> Any:
     if isinstance(o, float) and math.isnan(o):
         return None
     return str(o)
+
+
+# --- the run's shape --------------------------------------------------------------------------
+def shape_probes(
+    factory: Any, sim_envs: int, decisions_per_env: int, gen_threads: int, train_threads: int
+) -> Probes:
+    """The run's own stages as :func:`ebrl.resources.shape.measure` times them: ``sim_envs``
+    envs of one env worker, a fresh copy of the run's policy acting on ``gen_threads``, and one
+    learner update (every epoch and minibatch of a segment) on ``train_threads``."""
+    import numpy as np
+
+    from ebrl.algos.ppo import PPOConfig
+    from ebrl.envs.base import EnvGroup
+    from ebrl.resources.profiler import gen_stage_fn, train_stage_fn
+
+    cfg = factory.cfg
+    algo = dict(cfg["algo"].get("cfg", {}) or {})
+    names = {f.name for f in dataclasses.fields(PPOConfig)}
+    ppo = PPOConfig(**{k: v for k, v in algo.items() if k in names})
+    ids = list(range(sim_envs))
+    group = EnvGroup([factory.make_env(i, probe=True) for i in ids], ids, seed=int(cfg["seed"]))
+    group.reset()
+    spec = group.spec
+    chunk = int(cfg["chunk_size"])
+    rng = np.random.default_rng(0)
+
+    def step_one(i: int) -> None:
+        acts = rng.uniform(spec.action_low, spec.action_high, (chunk, spec.action_dim))
+        group.step_one(i, acts.astype(np.float32))
+
+    make_gen = gen_stage_fn(factory.policy())
+    calls: dict[int, Any] = {}
+
+    def gen_call(batch: int) -> None:
+        if batch not in calls:
+            calls[batch] = make_gen(gen_threads, batch)
+        calls[batch]()
+
+    minibatch = train_minibatch(cfg, decisions_per_env)
+    train = train_stage_fn(factory.policy(), ppo)(train_threads, minibatch)
+    steps = max(1, ppo.update_epochs * ppo.num_minibatches)
+
+    def train_update() -> None:
+        for _ in range(steps):
+            train()
+
+    return Probes(sim_envs, step_one, gen_call, train_update, close=group.close, train_warm=train)
+
+
+def choose_shape(
+    factory: Any,
+    work: Workload,
+    groups: int | None,
+    step_level: bool | None,
+    batch_min: int | None,
+    timeout_s: float,
+    run_dir: Path | None,
+) -> ShapeChoice:
+    """Measure the run's stages and choose its shape (pinned knobs, not None, are kept):
+    ``shape.json`` in the run folder records the costs, every candidate's prediction and the
+    time it took."""
+    node = factory.cfg.get("resources") or {}
+    settings = ResourceSettings.from_config(node)
+    probes = shape_probes(
+        factory,
+        max(len(w) for w in work.workers),
+        work.decisions_per_env,
+        int(settings.gen_threads),
+        int(settings.train_threads),
+    )
+    costs, took = measure(probes, gen_batches_for(work))
+    choice = search(
+        costs,
+        work,
+        None if groups is None else [groups],
+        step_level,
+        batch_min,
+        timeout_s,
+        measure_s=took,
+    )
+    if run_dir is not None:
+        Path(run_dir).mkdir(parents=True, exist_ok=True)
+        choice.save(Path(run_dir))
+    return choice
+
+
+__all__ = ["ResourceDriver", "Shape", "choose_shape", "setup", "shape_probes"]

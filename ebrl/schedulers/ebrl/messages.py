@@ -22,7 +22,8 @@ class Ready:
 
 @dataclass(slots=True)
 class Hello:
-    """env worker -> gen, once per process: its pid (for core rebinding).
+    """env worker -> gen, once per process: its pid (for core rebinding: every thread of it
+    moves; an in-process worker gives its thread's native id, and only that thread moves).
 
     A replacement for a dead env worker (``incarnation`` > 0) also gives its inbox and the
     decision its envs start counting from (``first_segment`` x T): the generator drops what it

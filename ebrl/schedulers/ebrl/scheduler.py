@@ -42,6 +42,8 @@ from typing import Any
 import numpy as np
 
 from ebrl.resources.apply import affinity_guard, threads_guard
+from ebrl.resources.model import Shape, Workload
+from ebrl.resources.shape import ShapeChoice
 from ebrl.runtime.backend import InProcessBackend, RayBackend, WorkerDied
 from ebrl.runtime.channel import Inbox, Outbox, new_authkey, node_ip
 from ebrl.runtime.placement import Ask, Placement, cluster_nodes, describe, place, ray_options
@@ -123,9 +125,10 @@ class EBRLScheduler:
         sim_workers: env worker processes.
         overlap: level 1.
         staleness: k, 0..8 (forced to 0 when ``overlap`` is off).
-        pipeline: level 2 (G = the run's ``env_groups``; 1 when off).
-        step_level: level 3.
-        batch_min: M of "first M of N" (None: half a group).
+        pipeline: level 2 (true: G = the run's ``env_groups``; false: G = 1; None: the
+            resource manager chooses G, :mod:`ebrl.resources.shape`).
+        step_level: level 3 (None: the resource manager chooses).
+        batch_min: M of "first M of N" (None: chosen with the step level, or half a group).
         batch_timeout_ms: how long a ready env waits for M to be reached.
         ray_address: ``local`` (a private Ray instance) or a cluster address.
         resources: Ray custom resources per role (``sim``, ``gen``, ``learner``) for placement.
@@ -152,8 +155,8 @@ class EBRLScheduler:
     sim_workers: int = 2
     overlap: bool = True
     staleness: int = 1
-    pipeline: bool = True
-    step_level: bool = True
+    pipeline: bool | None = None
+    step_level: bool | None = None
     batch_min: int | None = None
     batch_timeout_ms: float = 5.0
     ray_address: str = "local"
@@ -169,7 +172,9 @@ class EBRLScheduler:
     learner_gpus: float = 0.0
 
     def __post_init__(self) -> None:
-        if self.rebind and not self.step_level:
+        self.shape_choice: ShapeChoice | None = None  # the last run's, when it was searched
+        self._unlogged_shape: ShapeChoice | None = None
+        if self.rebind and self.step_level is False:
             raise ValueError("scheduler.rebind needs scheduler.step_level=true (level 3)")
         if self.backend not in ("ray", "inprocess"):
             raise ValueError(f"scheduler.backend={self.backend!r}: choose 'ray' or 'inprocess'")
@@ -217,24 +222,65 @@ class EBRLScheduler:
             ctx.factory.env_partition(self.sim_workers), self.gen_replicas, self.learner_ranks
         )
 
-    def plan(self, ctx: RunContext, roles: Roles, slots: SlotSpec) -> Plan:
-        """The shape of the run every worker shares (resources: :func:`with_resources`)."""
+    def pinned_shape(self, ctx: RunContext, roles: Roles) -> Shape:
+        """The shape without a search: unset levels on (G = the run's ``env_groups``)."""
         n = int(ctx.factory.cfg["num_envs"])
-        workers = roles.sims
-        g = ctx.env_groups if self.pipeline else 1
-        groups = env_groups(workers, min(g, min(len(w) for w in workers)))
+        g = ctx.env_groups if self.pipeline is not False else 1
+        g = min(g, min(len(w) for w in roles.sims))
+        step = self.step_level is not False
         # first M of N: N is a group's share of one replica
-        m = self.batch_min or max(1, math.ceil(n / len(groups) / roles.replicas / 2))
+        m = self.batch_min or max(1, math.ceil(n / g / roles.replicas / 2))
+        return Shape(g, step, m, self.batch_timeout_ms / 1000)
+
+    def shape(self, ctx: RunContext, roles: Roles) -> tuple[Shape, ShapeChoice | None]:
+        """The run's G, step level and M: searched by the resource manager where a knob is
+        unset (None) and the manager applies, else :meth:`pinned_shape`."""
+        pinned = self.pinned_shape(ctx, roles)
+        free = self.pipeline is None or self.step_level is None
+        if not free or not ctx.manage_resources:
+            return pinned, None
+        if roles.replicas > 1:
+            log.info(
+                "shape: not searched with %d generator replicas: %s",
+                roles.replicas,
+                pinned.describe(),
+            )
+            return pinned, None
+        cfg = ctx.factory.cfg
+        node = cfg.get("resources") or {}
+        work = Workload(
+            workers=tuple(tuple(w) for w in roles.sims),
+            decisions_per_env=ctx.decisions_per_env,
+            staleness=self.k,
+            cores=float(len(os.sched_getaffinity(0))),
+            chunk_size=int(cfg["chunk_size"]),
+        )
+        # a generator batch set in the resources group means the step level
+        step = True if node.get("gen_batch") is not None else self.step_level
+        choice = manage.choose_shape(
+            ctx.factory,
+            work,
+            groups=None if self.pipeline is None else pinned.groups,
+            step_level=step,
+            batch_min=self.batch_min or node.get("gen_batch"),
+            timeout_s=self.batch_timeout_ms / 1000,
+            run_dir=ctx.run_dir,
+        )
+        return choice.shape, choice
+
+    def plan(self, ctx: RunContext, roles: Roles, slots: SlotSpec, shape: Shape) -> Plan:
+        """The shape of the run every worker shares (resources: :func:`with_resources`)."""
+        groups = env_groups(roles.sims, shape.groups)
         return Plan(
-            workers=workers,
+            workers=roles.sims,
             groups=groups,
             decisions_per_env=ctx.decisions_per_env,
             staleness=self.k,
-            step_level=self.step_level,
-            batch_min=m,
-            batch_timeout_s=self.batch_timeout_ms / 1000,
+            step_level=shape.step_level,
+            batch_min=shape.batch_min,
+            batch_timeout_s=shape.batch_timeout_s,
             slots=slots,
-            home=home_cores(len(workers), sorted(os.sched_getaffinity(0)))
+            home=home_cores(len(roles.sims), sorted(os.sched_getaffinity(0)))
             if (self.pin_sim or self.rebind)
             else None,
             rebind=self.rebind,
@@ -296,7 +342,9 @@ class EBRLScheduler:
             n, k = int(factory.cfg["num_envs"]), int(factory.cfg["chunk_size"])
             slots = ShmSlots.create(n, spec.obs_dim, k, spec.action_dim)
             factory = factory.with_spec(spec)
-            plan = self.plan(ctx, roles, slots.spec)
+            shape, self.shape_choice = self.shape(dataclasses.replace(ctx, factory=factory), roles)
+            self._unlogged_shape = self.shape_choice
+            plan = self.plan(ctx, roles, slots.spec, shape)
             manager = manage.setup(
                 factory,
                 len(roles.sims),
@@ -399,7 +447,12 @@ class EBRLScheduler:
                         metrics["fault/env_worker_restarts"] = float(restarts.done)
                     if manager is not None:
                         metrics.update(manager.report(m.iteration, m.metrics))
-                    yield IterationReport(m.iteration, m.env_steps, metrics)
+                    params: dict[str, Any] = {}
+                    choice, self._unlogged_shape = self._unlogged_shape, None
+                    if choice is not None:  # the first report carries the shape search's outcome
+                        params = choice.params()
+                        metrics.update(choice.metrics())
+                    yield IterationReport(m.iteration, m.env_steps, metrics, params)
                 elif isinstance(m, Telemetry):
                     for span in m.spans:
                         ctx.timeline.add(span)

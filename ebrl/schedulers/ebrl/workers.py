@@ -23,7 +23,8 @@ import numpy as np
 import torch
 
 from ebrl.envs.base import EnvSpec
-from ebrl.resources.apply import pin, pin_process, rebind
+from ebrl.resources.apply import pin, pin_process, rebind_threads
+from ebrl.resources.model import pick
 from ebrl.rollout import EpisodeStats, SegmentBuilder
 from ebrl.runtime.channel import Address, Inbox, Outbox, node_ip
 from ebrl.runtime.dist import destroy, free_port, init_group
@@ -277,7 +278,11 @@ class EnvWorker(_Worker):
         self.gen = Outbox(links.gen, self.authkey)
         self.learner = Outbox(links.learner, self.authkey)
         first = self.first_segment * self.plan.decisions_per_env
-        self.gen.send(Hello(self.index, os.getpid(), self.incarnation, self.inbox.address, first))
+        # what core rebinding moves: this process (every thread of it), or in-process (a
+        # thread of the driver) this worker's own thread only
+        pid = os.getpid()
+        mover = threading.get_native_id() if pid == self.plan.driver_pid else pid
+        self.gen.send(Hello(self.index, mover, self.incarnation, self.inbox.address, first))
 
     def _ready(self, ids: np.ndarray, obs: np.ndarray) -> None:
         self.gen.send(Ready(ids, self.slots.put_obs(ids, obs)))
@@ -346,7 +351,7 @@ class GenWorker(_Worker):
 
     name = "gen"
     #: applies core moves {pid: cores}; tests replace it with a recorder
-    rebinder = staticmethod(rebind)
+    rebinder = staticmethod(rebind_threads)
 
     def __init__(
         self,
@@ -477,25 +482,24 @@ class GenWorker(_Worker):
         return trainer - plan.staleness <= self.stage.version and self._owner[e] not in self.gone
 
     def _pick(self, ready: OrderedDict[int, float], decisions: np.ndarray) -> list[int]:
+        """The next batch by the engine's rule, :func:`ebrl.resources.model.pick` (the schedule
+        model plays the same function). Lock step: whole groups only (the barrier of levels
+        1-2), one group per batch, so the first group's chunks go out while the generator works
+        on the next (pipelining); the barrier is over the envs of the group the staleness gate
+        lets act (in lock step all of them or none, but the envs of a replaced env worker
+        restart a segment behind the rest of their group and catch up on their own). Step
+        level: the first M eligible ready envs, or all of them once the oldest has waited the
+        timeout."""
         plan = self.plan
-        eligible = [e for e in ready if self._eligible(e, decisions)]
-        if not eligible:
-            return []
-        if not plan.step_level:
-            # whole groups only (the lock-step barrier of levels 1-2), one group per batch: the
-            # first group's chunks go out while the generator works on the next (pipelining).
-            # The barrier is over the envs of the group the staleness gate lets act: in lock
-            # step that is all of them or none, but the envs of a replaced env worker restart
-            # a segment behind the rest of their group and must catch up on their own
-            for g in self.groups:
-                acting = [x for x in g if self._eligible(x, decisions)]
-                if acting and all(x in ready for x in acting):
-                    return acting
-            return []
-        waited = time.perf_counter() - ready[eligible[0]]
-        if len(eligible) >= self.batch_min or waited >= plan.batch_timeout_s:
-            return eligible
-        return []
+        return pick(
+            ready,
+            lambda e: self._eligible(e, decisions),
+            self.groups,
+            plan.step_level,
+            self.batch_min,
+            plan.batch_timeout_s,
+            time.perf_counter(),
+        )
 
     def _loop(self) -> None:
         plan, tl = self.plan, self.timeline

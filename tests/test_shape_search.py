@@ -1,0 +1,181 @@
+"""The shape search: the schedule model plays the engine's rules, and chooses G and the step level
+from stage costs (fake profiles here; a real run's in tests/test_ebrl_scheduler.py)."""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from collections import OrderedDict
+
+import numpy as np
+import pytest
+
+from ebrl.resources.model import (
+    Shape,
+    StageCosts,
+    Workload,
+    candidates,
+    choose,
+    pick,
+    simulate,
+    split_groups,
+)
+from ebrl.resources.shape import Probes, gen_batches_for, measure, search
+
+#: two env workers of 8 envs, segments of 8 decisions, k = 1, 2 cores, chunks of 4
+WORK = Workload((tuple(range(8)), tuple(range(8, 16))), 8, 1, 2.0, 4)
+
+
+def costs(
+    mean: float = 0.008, tail: float = 1.0, busy: float = 1.0, gen_fixed: float = 0.004
+) -> StageCosts:
+    """Chunk latencies with the given mean; ``tail`` > 1: lognormal with a heavy tail."""
+    rng = np.random.default_rng(0)
+    if tail <= 1.0:
+        lat = np.full(64, mean)
+    else:
+        lat = rng.lognormal(0.0, 1.0, 400)
+        lat = lat / lat.mean() * mean
+    return StageCosts(tuple(lat), busy, gen_fixed, 0.001, 1.0, 0.2, 1.0)  # learner: no bottleneck
+
+
+# --- the rules the engine shares with the model -----------------------------------------------
+def test_step_level_takes_the_first_m_ready_envs_in_arrival_order() -> None:
+    ready = OrderedDict((e, 0.0) for e in (5, 3, 9, 1, 7))
+    assert pick(ready, lambda e: True, [], True, 3, 1.0, now=0.0) == [5, 3, 9]
+
+
+def test_step_level_skips_envs_the_staleness_gate_holds_back() -> None:
+    ready = OrderedDict((e, 0.0) for e in (5, 3, 9, 1))
+    assert pick(ready, lambda e: e != 3, [], True, 2, 1.0, now=0.0) == [5, 9]
+
+
+def test_step_level_waits_for_m_then_takes_whoever_is_ready_at_the_timeout() -> None:
+    ready = OrderedDict([(4, 10.0), (2, 10.002)])
+    assert pick(ready, lambda e: True, [], True, 3, 0.005, now=10.004) == []
+    assert pick(ready, lambda e: True, [], True, 3, 0.005, now=10.005) == [4, 2]
+
+
+def test_lock_step_takes_a_whole_group_only_in_group_order() -> None:
+    groups = [[0, 1], [2, 3]]
+    assert pick(
+        OrderedDict([(0, 0.0), (2, 0.0), (3, 0.0)]), lambda e: True, groups, False, 1, 0.0, 0.0
+    ) == [2, 3]
+    assert pick(OrderedDict([(0, 0.0), (2, 0.0)]), lambda e: True, groups, False, 1, 0.0, 0.0) == []
+    both = OrderedDict((e, 0.0) for e in range(4))
+    assert pick(both, lambda e: True, groups, False, 1, 0.0, 0.0) == [0, 1]
+
+
+def test_groups_take_a_share_of_every_worker() -> None:
+    assert split_groups([[0, 1, 2, 3], [4, 5, 6, 7]], 2) == [[0, 1, 4, 5], [2, 3, 6, 7]]
+
+
+# --- the model ---------------------------------------------------------------------------------
+def test_one_worker_lock_step_runs_at_the_sum_of_its_stages() -> None:
+    # one worker, 1 env, k = 0: sim 10 ms, gen 5 ms per decision, train 40 ms per segment of 4
+    # decisions, all in series: 4 * 15 + 40 = 100 ms per update of 4 env steps
+    work = Workload(((0,),), 4, 0, 4.0, 1)
+    c = StageCosts((0.01,), 1.0, 0.005, 0.0, 1.0, 0.04, 1.0, message_s=0.0)
+    p = simulate(c, work, Shape(1, False, 1), updates=6, warmup=2)
+    assert p.throughput == pytest.approx(4 / 0.1, rel=1e-6)
+
+
+def test_overlap_hides_training_behind_the_rollout() -> None:
+    work0 = Workload(((0,),), 4, 0, 4.0, 1)
+    work1 = Workload(((0,),), 4, 1, 4.0, 1)
+    c = StageCosts((0.01,), 1.0, 0.005, 0.0, 1.0, 0.04, 1.0, message_s=0.0)
+    lock = simulate(c, work0, Shape(1, False, 1), updates=8, warmup=2).throughput
+    over = simulate(c, work1, Shape(1, False, 1), updates=8, warmup=2).throughput
+    # k = 1: the learner (40 ms) trains while the rollout (60 ms) runs: 60 ms per update
+    assert over == pytest.approx(4 / 0.06, rel=0.02)
+    assert lock == pytest.approx(4 / 0.1, rel=1e-6)
+
+
+def test_cores_are_shared_when_the_jobs_ask_for_more() -> None:
+    c = costs()
+    fast = simulate(c, WORK, Shape(1, False, 16)).throughput
+    half = simulate(c, dataclasses.replace(WORK, cores=1.0), Shape(1, False, 16)).throughput
+    assert half < 0.8 * fast
+
+
+def test_step_level_batches_never_exceed_m() -> None:
+    p = simulate(costs(tail=3.0, busy=0.02), WORK, Shape(1, True, 4))
+    assert 1.0 <= p.mean_batch <= 4.0
+
+
+# --- the search ------------------------------------------------------------------------------
+def test_search_keeps_one_group_in_lock_step_where_the_simulators_keep_the_cores_busy() -> None:
+    # CPU physics on 2 cores, uniform step costs, a generator with a real per-call cost:
+    # pipelining and the step level only add generator calls
+    shape, ranked = choose(costs(busy=1.0, gen_fixed=0.04), WORK, candidates(WORK))
+    assert shape == Shape(1, False, 16)
+    assert ranked[0].shape == shape
+
+
+def test_search_takes_the_step_level_where_simulators_wait_with_a_tail() -> None:
+    shape, ranked = choose(costs(tail=3.0, busy=0.02), WORK, candidates(WORK))
+    assert shape.step_level
+    one_group = next(p for p in ranked if p.shape == Shape(1, False, 16))
+    chosen = next(p for p in ranked if p.shape == shape)
+    assert chosen.throughput > 1.2 * one_group.throughput
+
+
+def test_search_pipelines_where_simulators_wait_without_a_tail() -> None:
+    shape, _ = choose(costs(busy=0.02), WORK, candidates(WORK, step_level=(False,)))
+    assert shape.groups > 1 and not shape.step_level
+
+
+def test_a_pinned_knob_is_not_searched() -> None:
+    c = costs(tail=3.0, busy=0.02)
+    assert not search(c, WORK, None, False, None, 0.005).shape.step_level
+    assert search(c, WORK, [2], False, None, 0.005).shape == Shape(2, False, 8, 0.005)
+    assert search(c, WORK, None, True, 3, 0.005).shape.batch_min == 3
+
+
+def test_a_simpler_shape_within_the_margin_wins() -> None:
+    # identical predictions (no tail, no cost to a call): the first, simplest candidate
+    c = StageCosts((0.001,), 0.0, 0.0, 0.0, 0.0, 0.001, 0.0, message_s=0.0)
+    shape, _ = choose(c, WORK, candidates(WORK))
+    assert shape == candidates(WORK)[0]
+
+
+def test_gen_batches_cover_every_candidate() -> None:
+    sizes = gen_batches_for(WORK)
+    for s in candidates(WORK):
+        assert s.batch_min in sizes
+
+
+# --- measuring ---------------------------------------------------------------------------------
+def test_measure_fits_the_generator_and_reads_how_busy_a_stage_keeps_the_cpu() -> None:
+    def spin(seconds: float) -> None:
+        end = time.perf_counter() + seconds
+        while time.perf_counter() < end:
+            pass
+
+    probes = Probes(
+        sim_envs=2,
+        step_one=lambda i: time.sleep(0.004),  # a waiting simulator: little CPU
+        gen_call=lambda b: spin(0.002 + 0.0005 * b),
+        train_update=lambda: spin(0.01),
+    )
+    c, took = measure(probes, [1, 4, 8], sim_rounds=3, gen_repeats=3)
+    assert len(c.sim_chunk_s) >= 6 and len(c.sim_chunk_s) % 2 == 0  # whole rounds
+    assert c.sim_busy < 0.5
+    assert c.gen_busy > 0.5
+    assert c.gen_per_env_s == pytest.approx(0.0005, rel=0.5)
+    assert c.gen_fixed_s == pytest.approx(0.002, abs=0.0015)
+    assert c.train_s == pytest.approx(0.01, rel=0.5)
+    assert took > 0
+
+
+def test_measure_releases_the_probes_even_when_a_stage_fails() -> None:
+    closed = threading.Event()
+
+    def boom(_: int) -> None:
+        raise RuntimeError("simulator crashed")
+
+    probes = Probes(1, boom, lambda b: None, lambda: None, close=closed.set)
+    with pytest.raises(RuntimeError, match="simulator crashed"):
+        measure(probes, [1])
+    assert closed.is_set()
