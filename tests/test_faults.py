@@ -11,8 +11,8 @@ same command again and checks the result:
 - the env steps logged equal the env steps the learner trained on (its checkpoint's ledger),
   plus nothing: an update trained but never logged shows as ``fault/unlogged_updates``.
 
-``make test`` runs the fast cells (``FAST``); ``make test-faults`` runs the whole matrix and the
-tracking server's outage under three schedulers.
+``make test`` runs the fast cells (``FAST``), ``make test-slow`` the ``SLOW`` ones; ``make
+test-faults`` runs the whole matrix and the tracking server's outage under three schedulers.
 """
 
 from __future__ import annotations
@@ -48,7 +48,9 @@ WORKER_FAULTS = {"sim_kill": "EnvWorker", "gen_kill": "GenWorker", "learner_kill
                  "sim_stop": "EnvWorker", "learner_stop": "LearnerWorker"}  # fmt: skip
 #: SIGSTOP (a hung process): found by its missing heartbeat, only EBRL sets the timeout
 HANG = {"sim_stop", "learner_stop"}
-FAST = {("ebrl", "sigterm_all"), ("ebrl", "sim_kill")}
+FAST = {("ebrl", "sigterm_all")}
+#: in `make test-slow` (CI runs it after `make test`): too long for the default run
+SLOW = {("ebrl", "sim_kill")}
 
 
 def cells():
@@ -59,6 +61,8 @@ def cells():
             if sched != "ebrl" and fault in HANG:
                 continue  # the baselines keep the engine's default timeout (120 s)
             marks = [] if (sched, fault) in FAST else [pytest.mark.faults]
+            if (sched, fault) in SLOW:
+                marks = [pytest.mark.slow]
             yield pytest.param(sched, fault, id=f"{sched}-{fault}", marks=marks)
 
 

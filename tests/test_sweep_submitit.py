@@ -14,6 +14,7 @@ mlflow = pytest.importorskip("mlflow")
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.slow  # ~80 s: in `make test-slow`, which CI runs after `make test`
 @pytest.mark.timeout(600)
 def test_smoke_sweep_lands_as_six_mlflow_runs(tmp_path):
     # EBRL's in-process backend (threads): six Ray instances would not fit two cores
