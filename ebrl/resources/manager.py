@@ -283,6 +283,16 @@ def train_minibatch(cfg: Mapping[str, Any], decisions_per_env: int) -> int:
     return max(1, per_segment // max(1, int(algo.get("num_minibatches", 1))))
 
 
+def ppo_config(cfg: Mapping[str, Any]) -> Any:
+    """The run's :class:`ebrl.algos.ppo.PPOConfig` (the ``algo.cfg`` keys it has), for
+    timing a learner update outside the run."""
+    from ebrl.algos.ppo import PPOConfig
+
+    algo = dict(cfg["algo"].get("cfg", {}) or {})
+    names = {f.name for f in dataclasses.fields(PPOConfig)}
+    return PPOConfig(**{k: v for k, v in algo.items() if k in names})
+
+
 def profile_for_run(
     factory: Any,
     threads: Sequence[int],
@@ -305,12 +315,9 @@ def profile_for_run(
         min_step_s: each repeat lasts at least this long.
         sim_group: envs per env worker (None: no ``sim`` stage in the profile).
     """
-    from ebrl.algos.ppo import PPOConfig
     from ebrl.resources.profiler import policy_shape, profile, profile_gen_and_train, sim_stage_fn
 
-    algo = dict(factory.cfg["algo"].get("cfg", {}) or {})
-    names = {f.name for f in dataclasses.fields(PPOConfig)}
-    ppo = PPOConfig(**{k: v for k, v in algo.items() if k in names})
+    ppo = ppo_config(factory.cfg)
     policy = factory.policy()
     shape = policy_shape(policy)
     prof = profile_gen_and_train(

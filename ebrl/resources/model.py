@@ -316,7 +316,6 @@ def simulate(
         if not state["learner"] and min(stepped.values()) >= t * (u + 1):
             state["learner"] = True
             machine.add(_Job(costs.train_s, costs.train_busy, _trained, "train"))
-        start_workers()
 
     schedule()
     while len(done_at) < updates:

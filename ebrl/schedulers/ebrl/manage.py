@@ -19,7 +19,6 @@ The caller says whether the manager applies and where the run folder is (``RunCo
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import logging
 import math
@@ -37,6 +36,7 @@ from ebrl.resources.manager import (
     gen_batch_candidates,
     initial_resources,
     pool_size,
+    ppo_config,
     profile_for_run,
     restrict_train_batch,
     train_minibatch,
@@ -257,14 +257,11 @@ def shape_probes(
     learner update (every epoch and minibatch of a segment) on ``train_threads``."""
     import numpy as np
 
-    from ebrl.algos.ppo import PPOConfig
     from ebrl.envs.base import EnvGroup
     from ebrl.resources.profiler import gen_stage_fn, train_stage_fn
 
     cfg = factory.cfg
-    algo = dict(cfg["algo"].get("cfg", {}) or {})
-    names = {f.name for f in dataclasses.fields(PPOConfig)}
-    ppo = PPOConfig(**{k: v for k, v in algo.items() if k in names})
+    ppo = ppo_config(cfg)
     ids = list(range(sim_envs))
     group = EnvGroup([factory.make_env(i, probe=True) for i in ids], ids, seed=int(cfg["seed"]))
     group.reset()

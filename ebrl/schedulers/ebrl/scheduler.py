@@ -43,6 +43,7 @@ import numpy as np
 
 from ebrl.resources.apply import affinity_guard, threads_guard
 from ebrl.resources.model import Shape, Workload
+from ebrl.resources.model import split_groups as env_groups
 from ebrl.resources.shape import ShapeChoice
 from ebrl.runtime.backend import InProcessBackend, RayBackend, WorkerDied
 from ebrl.runtime.channel import Inbox, Outbox, new_authkey, node_ip
@@ -104,16 +105,6 @@ def split_resources(msg: Resources, parts: int) -> tuple[Resources, ...]:
     return tuple(
         Resources(msg.seq, max(1, msg.threads // parts), cores[r], batch) for r in range(parts)
     )
-
-
-def env_groups(workers: list[list[int]], groups: int) -> list[list[int]]:
-    """Group g = the g-th contiguous share of every worker's envs (so every worker has work
-    in every group, and alternating groups keeps every worker busy)."""
-    out: list[list[int]] = [[] for _ in range(groups)]
-    for ids in workers:
-        for g, part in enumerate(np.array_split(np.array(ids, dtype=np.int64), groups)):
-            out[g].extend(int(e) for e in part)
-    return [g for g in out if g]
 
 
 @dataclass
