@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ebrl.ledger import StepLedger
 from ebrl.types import ChunkOutcome, Segment, Transition
 
 
@@ -22,22 +23,36 @@ class SegmentBuilder:
     Args:
         env_ids: all global env ids the segments cover, in the order of the segment's N axis.
         decisions_per_env: T.
+        ledger: where every decision's env steps are recorded under the segment of the attempt
+            it lands in (``ebrl.ledger``; None: not recorded). Segments count from the
+            ledger's ``first_segment``.
     """
 
-    def __init__(self, env_ids: list[int], decisions_per_env: int) -> None:
+    def __init__(
+        self, env_ids: list[int], decisions_per_env: int, ledger: StepLedger | None = None
+    ) -> None:
         if decisions_per_env < 1:
             raise ValueError("decisions_per_env must be >= 1")
         self.env_ids = [int(e) for e in env_ids]
         self.T = decisions_per_env
         self._queues: dict[int, deque[Transition]] = {e: deque() for e in self.env_ids}
+        self.ledger = ledger
+        self._added = dict.fromkeys(self.env_ids, 0)  # decisions queued so far, per env
 
     def add(self, tr: Transition) -> None:
         """Queue a batch of decisions (any subset of envs, one decision per env)."""
-        for row, e in enumerate(tr.env_ids.tolist()):
+        steps: dict[int, int] = {}
+        first = self.ledger.first_segment if self.ledger is not None else 0
+        for row, (e, n) in enumerate(zip(tr.env_ids.tolist(), tr.n_steps.tolist(), strict=True)):
             q = self._queues.get(e)
             if q is None:
                 raise KeyError(f"SegmentBuilder: env id {e} is not part of this run")
             q.append(_row(tr, row))
+            seg = first + self._added[e] // self.T
+            self._added[e] += 1
+            steps[seg] = steps.get(seg, 0) + int(n)
+        if self.ledger is not None:
+            self.ledger.add(steps)
 
     def queued(self, env_id: int) -> int:
         return len(self._queues[env_id])

@@ -26,6 +26,7 @@ import torch
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
+from ebrl import ledger
 from ebrl.config import ConfigError, ResourcesNode, RunConfig, class_of, register, validate
 from ebrl.evaluate import evaluate
 from ebrl.schedulers.base import RunContext, UpdateBudget
@@ -79,6 +80,11 @@ class Summary:
     stage_cpu_s: dict[str, float] = field(default_factory=dict)
     #: steady state: fraction of wall time in which no stage (sim, gen, train, sync) ran
     overhead_frac: float = 0.0
+    #: the step ledger (``ebrl.ledger``), every attempt so far: env steps collected, and those
+    #: never trained on (rollouts in flight at a stop, dead env workers' redone parts);
+    #: ``env_steps`` = collected - discarded
+    collected_env_steps: int = 0
+    discarded_env_steps: int = 0
     status: str = "FINISHED"
     #: where the run wrote its files
     run_dir: str = ""
@@ -218,6 +224,7 @@ def _resume(run: RunConfig, run_dir: Path, fingerprint: str) -> tuple[Progress, 
     if prog is None or ckpt is None:
         for p in (ckpt_path, prog_path, run_dir / "metrics.jsonl"):
             p.unlink(missing_ok=True)
+        shutil.rmtree(run_dir / ledger.LEDGER, ignore_errors=True)
         return Progress(config_hash=fingerprint), 0, 0
     version = int(ckpt["version"])
     unlogged = 0
@@ -292,6 +299,7 @@ def train(cfg: DictConfig) -> Summary:
         budget=UpdateBudget(updates=run.budget.iterations, env_steps=run.budget.env_steps),
         run_dir=run_dir,
         manage_resources=manages_resources(run.scheduler),
+        ledger=ledger.attempt_dir(run_dir, start_version),
     )
     # the scheduler first: one that refuses its settings (in its constructor, or in check(ctx)
     # against the run: a baseline's fixed split, its loss) leaves no MLflow run behind
@@ -400,8 +408,50 @@ def train(cfg: DictConfig) -> Summary:
             summary.stage_cpu_s = dict(timeline.cpu)
             covered = timeline.covered(t_steady, until=t_last)
             summary.overhead_frac = max(0.0, 1.0 - covered / max(steady_s, 1e-9))
+            _account(run_dir, ckpt_path, start_version, summary, prog, tracker)
             _write_outputs(run_dir, jsonl, summary, timeline, tracker)
     return summary
+
+
+def _account(
+    run_dir: Path,
+    ckpt_path: Path,
+    start_version: int,
+    summary: Summary,
+    prog: Progress,
+    tracker: Tracker,
+) -> None:
+    """The step ledger against the learner's checkpoint, into the summary and MLflow
+    (``env/collected_steps_total``, ``fault/discarded_env_steps``); a disagreement (a transition
+    trained twice, or one counted and never trained) is logged as an error. Never raises: it runs
+    in the clean-up of a failed run too."""
+    try:
+        ckpt = load_checkpoint(ckpt_path)
+        if ckpt is not None:
+            version, trained = int(ckpt["version"]), int(ckpt.get("trained_env_steps", -1))
+        else:  # no checkpoints: the updates this attempt logged
+            version = start_version + summary.iterations - prog.iterations
+            trained = summary.env_steps
+        acc = ledger.account(run_dir, version)
+    except Exception as e:  # a torn checkpoint, an unreadable folder: say so, keep the run
+        log.warning("step ledger: not read (%s: %s)", type(e).__name__, e)
+        return
+    summary.collected_env_steps, summary.discarded_env_steps = acc.collected, acc.discarded
+    if trained >= 0 and acc.trained != trained:
+        log.error(
+            "step ledger: the env workers collected %d env steps in segments the learner "
+            "trained, the learner counted %d: a transition was trained twice or lost",
+            acc.trained,
+            trained,
+        )
+    tracker.log_metrics(
+        {
+            "env/collected_steps_total": float(acc.collected),
+            "fault/discarded_env_steps": float(acc.discarded),
+            "fault/superseded_env_steps": float(acc.superseded),
+        },
+        step=summary.env_steps,
+    )
 
 
 def _evaluate_final(

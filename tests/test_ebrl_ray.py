@@ -153,3 +153,67 @@ def test_multi_node_cluster_places_roles_by_resources():
         ray.shutdown()
         cluster.shutdown()
     assert not wait_gone(before)
+
+
+def _kill_when(run_dir, updates: int, title: str, done: list) -> None:
+    """SIGKILL the Ray worker whose process title starts with ``title`` once ``updates`` have
+    been logged in ``run_dir`` (from a thread: ``train`` runs in the main one)."""
+    import os
+    import signal
+    import time
+
+    deadline = time.time() + 240
+    while time.time() < deadline:
+        try:
+            if json.loads((run_dir / "progress.json").read_text())["iterations"] >= updates:
+                break
+        except (FileNotFoundError, json.JSONDecodeError, KeyError):
+            pass
+        time.sleep(0.05)
+    for pid in ray_pids():
+        try:
+            if psutil.Process(pid).cmdline()[0].startswith(title):
+                os.kill(pid, signal.SIGKILL)
+                done.append(pid)
+                return
+        except (psutil.NoSuchProcess, IndexError):
+            continue
+
+
+@pytest.mark.parametrize("step_level", [False, True])
+def test_a_dead_generator_is_replaced_and_no_transition_is_lost(step_level, tmp_path):
+    """SIGKILL of the generator's process mid-run: a replacement takes the newest weights, its
+    env workers hand their envs over, and the run finishes with the staleness bound held (the
+    learner raises StalenessError otherwise) and every trained step accounted for by the env
+    workers' ledger; no env was reset (the env workers kept every decision)."""
+    import threading
+
+    from ebrl.ledger import account
+    from ebrl.stages.train import load_checkpoint
+
+    before = ray_pids()
+    iters = 8
+    over = [o for o in TINY if not o.startswith("budget.iterations")]
+    cfg = make_cfg(
+        [*over, "scheduler=ebrl", f"budget.iterations={iters}", "simulator.delay_s=0.005",
+         f"scheduler.step_level={str(step_level).lower()}", "scheduler.pipeline=true"],
+        tmp_path,
+    )  # fmt: skip
+    killed: list[int] = []
+    watcher = threading.Thread(
+        target=_kill_when, args=(tmp_path / "run", 2, "ray::GenWorker", killed), daemon=True
+    )
+    watcher.start()
+    summary = train(cfg)
+    watcher.join(timeout=5)
+    assert killed, "the generator's process was never found"
+    assert summary.status == "FINISHED" and summary.iterations == iters
+    rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert rows[-1]["fault/gen_restarts"] == 1.0
+    assert rows[-1]["fault/env_worker_restarts"] == 0.0
+    assert all(r.get(f"pipeline/staleness_frac_{v}", 0.0) == 0.0 for r in rows for v in (2, 3))
+    ckpt = load_checkpoint(tmp_path / "run" / "checkpoint.pt")
+    acc = account(tmp_path / "run", iters)
+    assert acc.trained == ckpt["trained_env_steps"] == summary.env_steps
+    assert acc.superseded == 0  # no env worker redid anything
+    assert not wait_gone(before)

@@ -9,7 +9,11 @@ same command again and checks the result:
 - the run finishes, and it is the same MLflow run (one run in the experiment), FINISHED;
 - ``env/steps_total`` is strictly increasing across the attempts;
 - the env steps logged equal the env steps the learner trained on (its checkpoint's ledger),
-  plus nothing: an update trained but never logged shows as ``fault/unlogged_updates``.
+  plus nothing: an update trained but never logged shows as ``fault/unlogged_updates``;
+- exact counts across the data path: the env steps the env workers collected (every attempt,
+  every process, the step ledger: ``ebrl.ledger``) minus those never trained (the rollout in
+  flight at a stop, a dead env worker's part its replacement redid) equal the learner's count.
+  Each cell prints its ``LEDGER`` line (``pytest -rA`` shows it).
 
 ``make test`` runs the fast cells (``FAST``), ``make test-slow`` the ``SLOW`` ones; ``make
 test-faults`` runs the whole matrix and the tracking server's outage under three schedulers.
@@ -29,6 +33,8 @@ from pathlib import Path
 import psutil
 import pytest
 
+from ebrl.ledger import account
+
 from .conftest import TINY
 
 mlflow = pytest.importorskip("mlflow")
@@ -43,11 +49,14 @@ SCHEDULERS = {
 }
 #: fault -> what to do to the running job (see inject())
 FAULTS = ("sigterm", "sigterm_all", "usr2", "sigint", "driver_kill", "sim_kill", "gen_kill",
-          "learner_kill", "sim_stop", "learner_stop")  # fmt: skip
+          "learner_kill", "sim_stop", "gen_stop", "learner_stop")  # fmt: skip
 WORKER_FAULTS = {"sim_kill": "EnvWorker", "gen_kill": "GenWorker", "learner_kill": "LearnerWorker",
-                 "sim_stop": "EnvWorker", "learner_stop": "LearnerWorker"}  # fmt: skip
+                 "sim_stop": "EnvWorker", "gen_stop": "GenWorker",
+                 "learner_stop": "LearnerWorker"}  # fmt: skip
 #: SIGSTOP (a hung process): found by its missing heartbeat, only EBRL sets the timeout
-HANG = {"sim_stop", "learner_stop"}
+HANG = {"sim_stop", "gen_stop", "learner_stop"}
+#: a dead or hung env worker or generator is replaced: the run goes on and finishes
+REPLACED = {"sim_kill", "sim_stop", "gen_kill", "gen_stop"}
 FAST = {("ebrl", "sigterm_all")}
 #: in `make test-slow` (CI runs it after `make test`): too long for the default run
 SLOW = {("ebrl", "sim_kill")}
@@ -182,11 +191,11 @@ def test_fault_then_rerun_finishes_the_same_run(sched, fault, tmp_path):
         assert code == 128 + signal.SIGINT, text[-3000:]
     elif fault == "driver_kill":
         assert code == -signal.SIGKILL
-    elif fault in ("sim_kill", "sim_stop"):  # replaced: the run goes on and finishes
+    elif fault in REPLACED:  # replaced: the run goes on and finishes
         assert code == 0, text[-3000:]
     elif fault == "learner_stop":  # hung: found by its heartbeat, the run stops naming it
         assert code == 1 and "no heartbeat" in text, text[-3000:]
-    else:  # a dead generator or learner stops the run, naming it; the checkpoint resumes it
+    else:  # a dead learner stops the run, naming it; the checkpoint resumes it
         assert code == 1 and "StageError" in text and "died" in text, text[-3000:]
     # nothing the attempt started outlives it by more than a few seconds (the orphan watchdog
     # ends a SIGKILLed driver's Ray processes)
@@ -202,7 +211,7 @@ def test_fault_then_rerun_finishes_the_same_run(sched, fault, tmp_path):
     # a SIGKILLed driver cannot mark its run; the rerun takes it over
     expected = "RUNNING" if fault == "driver_kill" else "KILLED"
     if fault in WORKER_FAULTS:
-        expected = "FINISHED" if fault in ("sim_kill", "sim_stop") else "FAILED"
+        expected = "FINISHED" if fault in REPLACED else "FAILED"
     assert first.info.status == expected, text[-3000:]
 
     again = subprocess.run(
@@ -213,10 +222,9 @@ def test_fault_then_rerun_finishes_the_same_run(sched, fault, tmp_path):
     assert [r.info.run_id for r in runs] == [first.info.run_id]
     run = runs[0]
     assert run.info.status == "FINISHED" and run.data.tags.get("resumed") == "true"
-    if fault in ("sim_kill", "sim_stop"):
-        (restarted,) = {
-            m.value for m in client.get_metric_history(run.info.run_id, "fault/env_worker_restarts")
-        } - {0.0}
+    if fault in REPLACED:
+        key = "fault/env_worker_restarts" if fault.startswith("sim") else "fault/gen_restarts"
+        (restarted,) = {m.value for m in client.get_metric_history(run.info.run_id, key)} - {0.0}
         assert restarted == 1.0
     hist = sorted(
         client.get_metric_history(run.info.run_id, "env/steps_total"), key=lambda m: m.timestamp
@@ -234,6 +242,24 @@ def test_fault_then_rerun_finishes_the_same_run(sched, fault, tmp_path):
     assert ckpt["version"] == ITERS
     # every env step counted was trained on exactly once
     assert ckpt["trained_env_steps"] == summary["env_steps"] == steps[-1]
+    # ... and the env workers' own record of every attempt agrees, exactly
+    acc = account(run_dir, ITERS)
+    collected, discarded = summary["collected_env_steps"], summary["discarded_env_steps"]
+    assert (collected, discarded) == (acc.collected, acc.discarded)
+    assert collected - discarded == acc.trained == ckpt["trained_env_steps"]
+    last = {  # each attempt logs the whole run's so far: the newest is the run's
+        k: max(client.get_metric_history(run.info.run_id, k), key=lambda m: m.timestamp).value
+        for k in ("env/collected_steps_total", "fault/discarded_env_steps")
+    }
+    assert last == {
+        "env/collected_steps_total": collected,
+        "fault/discarded_env_steps": discarded,
+    }
+    print(
+        f"LEDGER {sched}-{fault}: attempts {len(acc.by_attempt)}, collected {collected}, "
+        f"discarded {discarded} (superseded {acc.superseded}), trained {acc.trained}; "
+        f"per attempt (collected, trained, discarded) {acc.by_attempt}"
+    )
 
 
 @pytest.mark.timeout(600)

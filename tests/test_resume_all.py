@@ -15,6 +15,7 @@ import pickle
 import pytest
 import torch
 
+from ebrl.ledger import account
 from ebrl.stages.train import load_checkpoint
 from ebrl.train import train
 
@@ -56,6 +57,16 @@ def test_a_second_attempt_continues_the_first(case, tmp_path):
     assert ckpt["version"] == 8
     # every env step counted was trained on, and every trained one counted
     assert ckpt["trained_env_steps"] == second.env_steps
+    # ... and the env workers' own record agrees: what they collected in segments a learner
+    # version trained is exactly what the learner counted (the step ledger, ebrl.ledger)
+    acc = account(tmp_path / "run", 8)
+    assert len(acc.by_attempt) == 2 and acc.collected > 0
+    assert acc.trained == ckpt["trained_env_steps"]
+    assert second.collected_env_steps - second.discarded_env_steps == second.env_steps
+    assert (second.collected_env_steps, second.discarded_env_steps) == (
+        acc.collected,
+        acc.discarded,
+    )
     rows = _rows(tmp_path)
     assert [r["iteration"] for r in rows] == list(range(8))
     steps = [r["env/steps_total"] for r in rows]

@@ -367,7 +367,8 @@ class RolloutMeter:
             return None
         dt = clock - prev[0]
         free = dt - (blocked_env_s - prev[2]) / self.num_envs
-        if dt <= 0 or free <= 1e-3 * dt:
+        # counters that went backwards: a replaced generator's, counting from zero again
+        if dt <= 0 or free <= 1e-3 * dt or decisions < prev[1]:
             return None
         return (decisions - prev[1]) / free
 

@@ -91,6 +91,8 @@ class RunContext:
             ``scheduler=ebrl``. False for the baselines on EBRL's workers (hybrid, async),
             which keep their fixed split (``ebrl.train`` refuses a non-default ``resources``
             group for them), and for every scheduler built without ``ebrl.train``.
+        ledger: this attempt's folder of the step ledger (``ebrl.ledger``): whoever builds
+            segments records the env steps it collected there. None: nothing recorded.
     """
 
     factory: StageFactory
@@ -100,6 +102,15 @@ class RunContext:
     budget: UpdateBudget = field(default_factory=UpdateBudget)
     run_dir: Path | None = None
     manage_resources: bool = False
+    ledger: Path | None = None
+
+    def step_ledger(self, writer: str, incarnation: int = 0, first_segment: int = 0):
+        """The step ledger of one writer of this attempt (None without a ledger folder)."""
+        if self.ledger is None:
+            return None
+        from ebrl.ledger import StepLedger, writer_path
+
+        return StepLedger(writer_path(self.ledger, writer, incarnation), first_segment)
 
     def build_local(self) -> Stages:
         """All stages in this process, one sim stage per env group."""

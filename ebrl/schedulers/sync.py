@@ -22,13 +22,16 @@ class SyncScheduler:
 
     def run(self, ctx: RunContext) -> Iterator[IterationReport]:
         st = ctx.build_local()
-        builder = SegmentBuilder(st.env_ids, ctx.decisions_per_env)
+        ledger = ctx.step_ledger("driver")
+        builder = SegmentBuilder(st.env_ids, ctx.decisions_per_env, ledger)
         episodes = EpisodeStats()
         try:
             yield from self._loop(st, ctx, builder, episodes)
         finally:
             for s in st.sims:
                 s.close()
+            if ledger is not None:
+                ledger.close()
 
     def _loop(self, st, ctx: RunContext, builder: SegmentBuilder, episodes: EpisodeStats):
         tl = ctx.timeline

@@ -102,8 +102,10 @@ class StageFactory:
         torch.manual_seed(int(self.cfg["seed"]))
         return instantiate(self.node.policy, spec=spec)
 
-    def gen(self, device: str = "cpu") -> GenStage:
-        """The generator stage; ``device``: where it acts (``cuda`` for a GPU share)."""
+    def gen(self, device: str = "cpu", incarnation: int = 0) -> GenStage:
+        """The generator stage; ``device``: where it acts (``cuda`` for a GPU share);
+        ``incarnation`` > 0 for a replacement of a dead replica (its sampling noise draws from
+        streams of its own, not its predecessor's again)."""
         policy = self.policy()
         ckpt = load_checkpoint(self.checkpoint) if self.checkpoint else None
         if ckpt is not None:  # resuming: act with the learner's last saved weights
@@ -112,7 +114,7 @@ class StageFactory:
             policy,
             threads=int(self.cfg["threads"]["gen"]),
             seed=int(self.cfg["seed"]),
-            stream=self.start_version,
+            stream=self.start_version + (incarnation << 32),
             device=device,
         )
 

@@ -87,6 +87,7 @@ class ResourceDriver:
         self.warmup = max(1, warmup)
         self.counters: dict[str, float] = {}
         self.outboxes: dict[str, Outbox] = {}
+        self.sent: dict[str, Resources] = {}  # the last reallocation sent to each stage
         self.seen: dict[str, Applied] = {}
 
     def start_messages(self) -> tuple[Resources, Resources]:
@@ -97,6 +98,22 @@ class ResourceDriver:
         """Links to the generator and the learner, for reallocations."""
         if self.rebalancer is not None:
             self.outboxes = {r: Outbox(peers[r], authkey) for r in ("gen", "learner")}
+
+    def replaced(self, role: str, address: Any, authkey: bytes) -> None:
+        """``role``'s process was replaced: its rollout counters start again from zero, and it
+        gets the split in force (it started with the run's starting split)."""
+        self.meter.last = None
+        self.gen_last = None
+        for k in COUNTERS:
+            self.counters.pop(k, None)
+        if self.rebalancer is None:
+            return
+        with contextlib.suppress(OSError):
+            if role in self.outboxes:
+                self.outboxes[role].close()
+        self.outboxes[role] = Outbox(address, authkey)
+        if role in self.sent:
+            self.outboxes[role].send(self.sent[role])
 
     def gauges(self, gauges: dict[str, float]) -> None:
         """Take the generator's rollout counters out of a telemetry message's gauges."""
@@ -122,7 +139,7 @@ class ResourceDriver:
             )
             now = (c["resource/gen_decisions"], c["resource/gen_busy_s"])
             prev, self.gen_last = self.gen_last, now
-            if prev is not None and now[1] - prev[1] > 0:
+            if prev is not None and now[1] - prev[1] > 0 and now[0] >= prev[0]:
                 gen_cap = (now[0] - prev[0]) / (now[1] - prev[1])
         train = metrics.get("resource/train_per_s_update")
         if rollout is not None:
@@ -140,8 +157,11 @@ class ResourceDriver:
             )
             if decision is not None:
                 seq, gen, train_res = decision
-                self.outboxes["gen"].send(_message(seq, gen))
-                self.outboxes["learner"].send(_message(seq, train_res))
+                for role, res in (("gen", gen), ("learner", train_res)):
+                    self.sent[role] = _message(seq, res)
+                    # a generator that died meanwhile gets it from replaced()
+                    with contextlib.suppress(OSError):
+                        self.outboxes[role].send(self.sent[role])
         if self.rebalancer is not None:
             out.update(self.rebalancer.metrics())
         for role, key in (("gen", "gen"), ("learner", "train")):

@@ -56,10 +56,48 @@ class Owed:
 
 @dataclass(slots=True)
 class Go:
-    """gen -> env worker: these envs' action chunks are in their slots."""
+    """gen -> env worker: these envs' action chunks are in their slots.
+
+    ``epoch`` is the generator replica's incarnation (0, then n for its n-th replacement): an
+    env worker rewired to a replacement drops chunks a dead predecessor sent (:class:`Rewire`).
+    """
 
     env_ids: np.ndarray  # [M] int64
     payload: Any = None
+    epoch: int = 0
+
+
+@dataclass(slots=True)
+class Rewire:
+    """driver -> env worker: its generator replica died and was replaced; the replacement's
+    inbox, and its incarnation. The env worker tells the replacement where its envs stand
+    (:class:`Resync`), hands it the envs waiting for an action (:class:`Ready`), and from now on
+    drops any :class:`Go` of an older epoch (chunks the dead replica sent, not yet read)."""
+
+    gen: Any
+    epoch: int
+
+
+@dataclass(slots=True)
+class Resync:
+    """env worker -> a replacement generator replica, first on its connection: the decisions
+    each of its envs has taken (executed, or received and still to run: ``stepping``), so the
+    staleness gate and segment counting continue exactly where the dead replica left them."""
+
+    worker: int
+    pid: int
+    decisions: dict[int, int]  # env id -> decisions of this attempt
+    stepping: list[int]  # envs holding a chunk not yet stepped (their Ready comes later)
+
+
+@dataclass(slots=True)
+class Reconnect:
+    """driver -> learner (leader): generator replica ``replica`` was replaced; its inbox, and
+    whether it reads the weight board. The leader sends it the current weights at once."""
+
+    replica: int
+    address: Any
+    via_board: bool
 
 
 @dataclass(slots=True)

@@ -58,8 +58,10 @@ from ebrl.schedulers.ebrl.messages import (
     Failed,
     Lost,
     Owed,
+    Reconnect,
     Report,
     Resources,
+    Rewire,
     Stop,
     Telemetry,
 )
@@ -126,10 +128,11 @@ class EBRLScheduler:
         pin_sim: pin each env worker to a home core (round robin over this process's CPUs).
         rebind: level 3's core rebinding: idle env workers' cores go to straggling ones
             (implies ``pin_sim``; needs ``step_level``).
-        max_restarts: env worker processes that may die (a simulator crash, the OOM killer)
-            and be replaced during the run, in all; one more stops it with a StageError.
+        max_restarts: env worker and generator processes that may die (a simulator crash,
+            the OOM killer) and be replaced during the run, in all; one more stops it with a
+            StageError.
         hang_timeout_s: a worker whose heartbeat stops for this long is hung (frozen, or
-            stuck holding the GIL): an env worker is killed and replaced, a generator or
+            stuck holding the GIL): an env worker or a generator is killed and replaced, a
             learner stops the run with a StageError (None: no heartbeats).
         gen_replicas: R, generator replicas; each acts for a contiguous block of the env
             workers with its own copy of the weights (<= ``sim_workers``).
@@ -279,6 +282,7 @@ class EBRLScheduler:
             start_version=ctx.factory.start_version,
             budget=ctx.budget,
             heartbeat_s=min(1.0, self.hang_timeout_s / 10) if self.hang_timeout_s else None,
+            ledger=str(ctx.ledger) if ctx.ledger is not None else None,
         )
 
     def check_resources(self, ctx: RunContext) -> None:
@@ -368,9 +372,9 @@ class EBRLScheduler:
                 h.start(links[h.name], plan)
             if manager is not None:
                 manager.connect(book, authkey)
-            restarts = _EnvRestarts(
-                backend, factory, roles.sims, authkey, host, res.get("sim"), options, book, links,
-                plan, self.max_restarts,
+            restarts = _Restarts(
+                backend, factory, roles, authkey, host, res, options, book, plan,
+                self.max_restarts, board, dist, self._device("gen"), manager,
             )  # fmt: skip
             yield from self._relay(inbox, handles, ctx, plan, manager, restarts)
         finally:
@@ -419,7 +423,7 @@ class EBRLScheduler:
         ctx: RunContext,
         plan: Plan,
         manager: ResourceDriver | None = None,
-        restarts: _EnvRestarts | None = None,
+        restarts: _Restarts | None = None,
     ):
         """Yield the learner's reports; merge telemetry; replace dead env workers; turn any
         other failure into a StageError."""
@@ -435,7 +439,8 @@ class EBRLScheduler:
                     metrics = {**m.metrics, **merge_gauges(by_worker)}
                     metrics["pipeline/staleness_bound"] = float(plan.staleness)
                     if restarts is not None:
-                        metrics["fault/env_worker_restarts"] = float(restarts.done)
+                        metrics["fault/env_worker_restarts"] = float(restarts.sims)
+                        metrics["fault/gen_restarts"] = float(restarts.gens)
                     if manager is not None:
                         metrics.update(manager.report(m.iteration, m.metrics))
                     params: dict[str, Any] = {}
@@ -461,7 +466,7 @@ class EBRLScheduler:
                         m.worker, f"{m.error}\n--- worker traceback ---\n{m.traceback}"
                     )
             for h, silent in beats.hung():
-                if restarts is None or not h.name.startswith("sim") or not hasattr(h, "kill"):
+                if restarts is None or not restarts.replaceable(h) or not hasattr(h, "kill"):
                     raise StageError(
                         h.name,
                         f"no heartbeat for {silent:.0f} s: its process is alive but hung "
@@ -476,9 +481,9 @@ class EBRLScheduler:
                 try:
                     finished = h.poll()
                 except WorkerDied as e:
-                    if restarts is None or not h.name.startswith("sim"):
+                    if restarts is None or not restarts.replaceable(h):
                         raise StageError(h.name, f"{type(e).__name__}: {e}") from e
-                    restarts.died(h, str(e))
+                    restarts.died(h, str(e), handles)
                     continue
                 except Exception as e:
                     raise StageError(h.name, f"{type(e).__name__}: {e}") from e
@@ -543,65 +548,123 @@ def merge_gauges(by_worker: dict[str, dict[str, float]]) -> dict[str, float]:
     return out
 
 
-class _EnvRestarts:
-    """Replaces env worker processes that die while the run goes on (at most ``limit`` in all).
+class _Restarts:
+    """Replaces env worker and generator processes that die while the run goes on (at most
+    ``limit`` in all).
 
-    A death (Ray reports the actor's process gone) is answered in two steps, neither of which
-    stops the other workers: the learner is asked which segment it still needs of that worker
-    (:class:`Lost` -> :class:`Owed`), then a new process with the same envs is started there.
-    Its envs reset; the decisions its predecessor had taken since that segment are lost (the
-    generator counts them: ``fault/lost_decisions``) and never trained on. Only env workers are
-    replaced: a dead generator or learner holds state no other process has, and stops the run
-    with a StageError (its checkpoint resumes it).
+    An env worker's death is answered in two steps, neither of which stops the other workers:
+    the learner is asked which segment it still needs of that worker (:class:`Lost` ->
+    :class:`Owed`), then a new process with the same envs is started there. Its envs reset; the
+    decisions its predecessor had taken since that segment are lost (the generator counts them:
+    ``fault/lost_decisions``) and never trained on.
+
+    A generator replica's death is answered at once: a new replica (its ``epoch`` one higher)
+    takes the newest weights from the board, its env workers are rewired to it
+    (:class:`Rewire`: each tells it where its envs stand and hands over those waiting for an
+    action; chunks the dead one sent and they had not read are dropped,
+    ``fault/gen_dropped_chunks``), and the leader sends it the weights (:class:`Reconnect`).
+    No env resets and no transition is lost: the env workers hold every decision taken.
+
+    A dead learner rank holds state no other process has, and stops the run with a StageError
+    (its checkpoint resumes it).
     """
 
     def __init__(
         self,
         backend: Any,
         factory: Any,
-        workers: list[list[int]],
+        roles: Roles,
         authkey: bytes,
         host: str,
-        resources: dict[str, float] | None,
+        resources: dict[str, dict[str, float]],
         options: dict[str, dict],
         book: dict[str, Any],
-        links: dict[str, Links],
         plan: Plan,
         limit: int,
+        board: Any,
+        dist: tuple[str, int] | None,
+        gen_device: str,
+        manager: ResourceDriver | None,
     ) -> None:
-        self.backend, self.factory, self.workers = backend, factory, workers
+        self.backend, self.factory, self.roles = backend, factory, roles
         self.authkey, self.host, self.resources = authkey, host, resources
-        self.options, self.book, self.links = options, book, links
+        self.options, self.book = options, book
         self.plan, self.limit = plan, limit
-        self.done = 0
+        self.board, self.dist, self.gen_device, self.manager = board, dist, gen_device, manager
+        self.sims = self.gens = 0  # replaced so far
+        self.epochs: dict[int, int] = {}  # replica -> its current incarnation
         self.dead: list[Any] = []  # handles of dead processes (never polled again)
 
-    def died(self, handle: Any, why: str) -> None:
-        w = int(handle.name.removeprefix("sim"))
-        if self.done >= self.limit:
+    @staticmethod
+    def replaceable(handle: Any) -> bool:
+        return handle.name.startswith(("sim", "gen"))
+
+    def died(self, handle: Any, why: str, handles: list) -> None:
+        done = self.sims + self.gens
+        if done >= self.limit:
             raise StageError(
                 handle.name,
-                f"{why}; {self.done} env worker(s) already replaced during this run "
+                f"{why}; {done} worker(s) already replaced during this run "
                 f"(scheduler.max_restarts={self.limit}): stopping. The checkpoint resumes it",
             )
-        self.done += 1
         self.dead.append(handle)
-        log.warning("%s: %s; replacing it (%d/%d)", handle.name, why, self.done, self.limit)
-        out = Outbox(self.links[handle.name].learner, self.authkey)
-        out.send(Lost(w))
+        log.warning("%s: %s; replacing it (%d/%d)", handle.name, why, done + 1, self.limit)
+        if handle.name.startswith("gen"):
+            self.gens += 1
+            self._replace_gen(handle.name, handles)
+            return
+        self.sims += 1
+        out = Outbox(self._links()[handle.name].learner, self.authkey)
+        out.send(Lost(int(handle.name.removeprefix("sim"))))
         out.close()
 
+    def _links(self) -> dict[str, Links]:
+        """Everyone's links from the address book as it is now (replacements included)."""
+        return wire(self.roles, self.book, self.board, self.dist)
+
+    def _spawn(self, name: str, role: str, cls: type, *args: Any) -> Any:
+        placed = _soft(self.options.get(name))
+        return self.backend.spawn(
+            name, cls, *args, resources=None if placed else self.resources.get(role),
+            options=placed,
+        )  # fmt: skip
+
     def replace(self, owed: Owed, handles: list) -> None:
+        """An env worker's replacement, once the learner said which segment it owes."""
         w = owed.worker
         name = sim_name(w)  # with its predecessor's links (same gen, same learner)
-        h = self.backend.spawn(
-            name, EnvWorker, w, self.workers[w], self.factory, self.authkey, self.host,
-            owed.index, self.done, resources=self.resources, options=_soft(self.options.get(name)),
+        h = self._spawn(
+            name, "sim", EnvWorker, w, self.roles.sims[w], self.factory, self.authkey, self.host,
+            owed.index, self.sims,
         )  # fmt: skip
         self.book[name], _ = h.open()
         handles.append(h)
-        h.start(self.links[name], self.plan)
+        h.start(self._links()[name], self.plan)
         log.warning("sim%d: replaced; it continues at segment %d", w, owed.index)
+
+    def _replace_gen(self, name: str, handles: list) -> None:
+        r = 0 if name == gen_name(0) else int(name.removeprefix("gen"))
+        epoch = self.epochs[r] = self.epochs.get(r, 0) + 1
+        h = self._spawn(
+            name, "gen", GenWorker, self.factory, self.authkey, self.host, r, self.gen_device,
+            epoch,
+        )  # fmt: skip
+        self.book[name] = h.open()
+        handles.append(h)
+        links = self._links()
+        h.start(links[name], self.plan)
+        for w in self.roles.served_by(r):  # a dead env worker's replacement says Hello itself
+            with contextlib.suppress(OSError):
+                out = Outbox(self.book[sim_name(w)], self.authkey, retries=5)
+                out.send(Rewire(self.book[name], epoch))
+                out.close()
+        address, via_board = links[learner_name(0)].gens[r]
+        out = Outbox(self.book[learner_name(0)], self.authkey)
+        out.send(Reconnect(r, address, via_board))
+        out.close()
+        if self.manager is not None and r == 0:
+            self.manager.replaced(name, self.book[name], self.authkey)
+        log.warning("%s: replaced (incarnation %d); its env workers rewired to it", name, epoch)
 
 
 def _soft(options: dict | None) -> dict | None:

@@ -20,6 +20,8 @@ The traffic (the arrows are :class:`~ebrl.runtime.channel.Outbox` -> inbox links
     learner  --Report, Owed-->        driver          one update done; a replacement's segment
     any      --Telemetry, Beat, Failed, Applied--> driver
     driver   --Resources--> gen r, learner;  --Lost--> learner;  --Stop--> every worker
+    driver   --Rewire--> sim w;  --Reconnect--> learner      a dead replica was replaced
+    sim w    --Resync, Ready-->       the new gen r   where its envs stand; those waiting
 
 Slots (``ebrl.runtime.slots``) hold one observation and one chunk per env; a worker on another
 machine than the driver carries the rows inline in its messages instead. The weight board
@@ -33,8 +35,9 @@ the learner's weights, and the learner for the env workers' parts. Nothing is dr
 
 Shutdown: the driver tells every worker ``Stop`` (from threads, 2 s in all), then stops their
 handles (Ray kills the processes); the leader hands ``None`` to its followers' broadcast so they
-leave their loop too. A dead env worker is replaced (the driver's ``_EnvRestarts``); a dead
-generator or learner rank stops the run with a StageError, its checkpoint resumes it.
+leave their loop too. A dead env worker or generator replica is replaced (the driver's
+``_Restarts``, which re-wires with :func:`wire` over the updated address book); a dead learner
+rank stops the run with a StageError, its checkpoint resumes it.
 
 :func:`wire` is a pure function from the roles and the workers' inbox addresses to each worker's
 :class:`Links`: tests call it directly, workers never look peers up by name.

@@ -18,11 +18,13 @@ import time
 import traceback
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import torch
 
 from ebrl.envs.base import EnvSpec
+from ebrl.ledger import StepLedger, writer_path
 from ebrl.resources.apply import pin, pin_process, rebind_threads
 from ebrl.resources.model import pick
 from ebrl.rollout import EpisodeStats, SegmentBuilder
@@ -41,8 +43,11 @@ from ebrl.schedulers.ebrl.messages import (
     Owed,
     Part,
     Ready,
+    Reconnect,
     Report,
     Resources,
+    Resync,
+    Rewire,
     Stop,
     Telemetry,
     Weights,
@@ -79,6 +84,8 @@ class Plan:
             ``start_version + i``.
         budget: the learner trains no update past it (its segments are left to the shutdown).
         heartbeat_s: every worker sends the driver a :class:`Beat` this often (None: none).
+        ledger: the attempt's step-ledger folder (``ebrl.ledger``): each env worker records
+            the env steps it collects there (None: not recorded).
     """
 
     workers: list[list[int]]
@@ -97,6 +104,7 @@ class Plan:
     start_version: int = 0
     budget: UpdateBudget = field(default_factory=UpdateBudget)
     heartbeat_s: float | None = None
+    ledger: str | None = None
 
     def owner(self) -> dict[int, int]:
         return {e: w for w, ids in enumerate(self.workers) for e in ids}
@@ -275,25 +283,78 @@ class EnvWorker(_Worker):
     def _connect(self, links: Links) -> None:
         if self.plan.home is not None:  # pinned home cores (level 3 rebinds from there)
             pin(0, self.plan.home[self.index])
-        self.gen = Outbox(links.gen, self.authkey)
+        self.gen: Outbox | None = Outbox(links.gen, self.authkey)
         self.learner = Outbox(links.learner, self.authkey)
         first = self.first_segment * self.plan.decisions_per_env
         # what core rebinding moves: this process (every thread of it), or in-process (a
         # thread of the driver) this worker's own thread only
         pid = os.getpid()
-        mover = threading.get_native_id() if pid == self.plan.driver_pid else pid
-        self.gen.send(Hello(self.index, mover, self.incarnation, self.inbox.address, first))
+        self.mover = threading.get_native_id() if pid == self.plan.driver_pid else pid
+        self.gen.send(Hello(self.index, self.mover, self.incarnation, self.inbox.address, first))
+        # where each env stands: decisions of this attempt executed, envs holding a chunk not
+        # yet stepped, and the generator replica's incarnation chunks must come from
+        self.executed = dict.fromkeys((int(e) for e in self.env_ids), first)
+        self.stepping: set[int] = set()
+        self.epoch = 0
+        self.dropped_chunks = 0  # chunks a dead replica sent, dropped after the rewire
+
+    def _send_gen(self, msg: Ready | Resync) -> None:
+        """To the generator replica; if its process is gone, nothing: the driver replaces it,
+        and the :class:`Rewire` that follows hands the replacement every waiting env."""
+        if self.gen is None:
+            return
+        try:
+            self.gen.send(msg)
+        except OSError:
+            self.gen = None
 
     def _ready(self, ids: np.ndarray, obs: np.ndarray) -> None:
-        self.gen.send(Ready(ids, self.slots.put_obs(ids, obs)))
+        self._send_gen(Ready(ids, self.slots.put_obs(ids, obs)))
+
+    def _take(self, msgs: list, work: deque[Go]) -> bool:
+        """Queue new chunks, follow a rewire; True on Stop."""
+        for m in msgs:
+            if isinstance(m, Stop):
+                return True
+            if isinstance(m, Rewire):
+                self._rewire(m)
+            elif isinstance(m, Go):
+                if m.epoch < self.epoch:  # sent by a dead replica: its envs were handed over
+                    self.dropped_chunks += len(m.env_ids)
+                    continue
+                work.append(m)
+                self.stepping.update(int(e) for e in m.env_ids)
+        return False
+
+    def _rewire(self, m: Rewire) -> None:
+        """The replica died and was replaced: tell the new one where every env stands, then
+        hand it the envs that wait for an action (the others report when their chunk is done)."""
+        with contextlib.suppress(OSError):
+            if self.gen is not None:
+                self.gen.close()
+        self.gen, self.epoch = Outbox(m.gen, self.authkey), m.epoch
+        decisions = {e: n + (e in self.stepping) for e, n in self.executed.items()}
+        self._send_gen(Resync(self.index, self.mover, decisions, sorted(self.stepping)))
+        idle = np.array([e for e in self.executed if e not in self.stepping], dtype=np.int64)
+        if len(idle):
+            self._ready(idle, torch.stack([self.last_obs[int(e)] for e in idle]).numpy())
+
+    def _close(self) -> None:
+        if getattr(self, "ledger", None) is not None:
+            self.ledger.close()
 
     def _loop(self) -> None:
         plan, tl = self.plan, self.timeline
-        builder = SegmentBuilder(self.env_ids, plan.decisions_per_env)
+        self.ledger = None
+        if plan.ledger is not None:
+            path = writer_path(Path(plan.ledger), self.name, self.incarnation)
+            self.ledger = StepLedger(path, self.first_segment)
+        builder = SegmentBuilder(self.env_ids, plan.decisions_per_env, self.ledger)
         episodes = EpisodeStats()
         with tl.span("sim", self.name, reset=1):
             first = self.stage.reset()
-        last_obs = {int(e): first.obs[i] for i, e in enumerate(first.env_ids)}
+        self.last_obs = {int(e): first.obs[i] for i, e in enumerate(first.env_ids)}
+        last_obs = self.last_obs
         mine = set(self.env_ids)
         for group in plan.groups:  # first observations, group by group
             ids = np.array([e for e in group if e in mine], dtype=np.int64)
@@ -302,10 +363,8 @@ class EnvWorker(_Worker):
         work: deque[Go] = deque()
         seg_index = self.first_segment
         while True:
-            for m in self.inbox.recv(timeout=0.0 if work else None):
-                if isinstance(m, Stop):
-                    return
-                work.append(m)
+            if self._take(self.inbox.recv(timeout=0.0 if work else None), work):
+                return
             if not work:
                 continue
             go = work.popleft()
@@ -319,7 +378,7 @@ class EnvWorker(_Worker):
                 with tl.span("sim", self.name, batch=len(unit)):
                     out = self.stage.step(unit)
                 ids = unit.env_ids.numpy()
-                self._ready(ids, out.next_obs.numpy())
+                self._ready(ids, out.next_obs.numpy())  # first: the generator can start
                 obs = Observation(
                     obs=torch.stack([last_obs[int(e)] for e in ids]), env_ids=unit.env_ids
                 )
@@ -327,16 +386,16 @@ class EnvWorker(_Worker):
                 episodes.update(out)
                 for i, e in enumerate(ids):
                     last_obs[int(e)] = out.next_obs[i]
-                if plan.step_level:  # take new work in as soon as it arrives
-                    for m in self.inbox.recv(timeout=0.0):
-                        if isinstance(m, Stop):
-                            return
-                        work.append(m)
+                    self.executed[int(e)] += 1
+                    self.stepping.discard(int(e))
+                # level 3: take new work in as soon as it arrives
+                if plan.step_level and self._take(self.inbox.recv(timeout=0.0), work):
+                    return
             while builder.ready():
                 seg = builder.pop()
                 self.learner.send(Part(seg_index, self.index, seg, episodes.take()))
                 seg_index += 1
-            self.flush()
+            self.flush({"fault/gen_dropped_chunks": float(self.dropped_chunks)})
 
 
 # --- generation -------------------------------------------------------------------------------
@@ -347,6 +406,10 @@ class GenWorker(_Worker):
 
     Args:
         replica: which replica (``Roles.served_by(replica)`` are its env workers).
+        device: where it acts.
+        epoch: 0 for the replica's first process, n for its n-th replacement: it takes over
+            from the newest weights on the board (or the learner's next message) and from where
+            its env workers' envs stand (their :class:`Resync`); its chunks carry the epoch.
     """
 
     name = "gen"
@@ -360,14 +423,16 @@ class GenWorker(_Worker):
         driver_host: str,
         replica: int = 0,
         device: str = "cpu",
+        epoch: int = 0,
     ) -> None:
         super().__init__(factory, authkey, driver_host)
         self.replica = replica
         self.name = gen_name(replica)
         self.device = device
+        self.epoch = epoch
 
     def open(self) -> Address:
-        self.stage = self.factory.gen(device=self.device)
+        self.stage = self.factory.gen(device=self.device, incarnation=self.epoch)
         return self._open_inbox()
 
     def _connect(self, links: Links) -> None:
@@ -397,7 +462,12 @@ class GenWorker(_Worker):
         self._n_blocked = 0
         self._t_acc = time.perf_counter()
         self._owner = self.plan.owner()
-        self._check_version()
+        # envs whose next Ready is a hand-over after a rewire, not the end of a chunk
+        self.fresh: set[int] = set()
+        if self.epoch == 0:
+            self._check_version()
+        elif self.board is not None:  # a replacement: the learner has moved on meanwhile
+            self.stage.load_from(self.board)
         if self.plan.gen_resources:
             self.apply_resources(self.plan.gen_resources[self.replica])
 
@@ -459,6 +529,18 @@ class GenWorker(_Worker):
         self.envs[w] = Outbox(m.address, self.authkey)
         self.incarnation[w] = m.incarnation
         self.gone.discard(w)
+
+    def _resync(self, m: Resync, decisions: np.ndarray) -> None:
+        """A replacement replica learns where env worker ``m.worker``'s envs stand: the
+        decisions they have taken (the staleness gate and the segments count from there), and
+        which are still stepping a chunk; the others' Ready follows as a hand-over."""
+        w = m.worker
+        for e, n in m.decisions.items():
+            decisions[int(e)] = int(n)
+        self.pids[w] = m.pid
+        self.pending[w] = len(m.stepping)
+        stepping = set(m.stepping)
+        self.fresh.update(e for e in self.plan.workers[w] if e not in stepping)
 
     def _send_go(self, w: int, go: Go) -> bool:
         """Hand env worker ``w`` its chunks; False if its process is gone (the driver replaces
@@ -528,6 +610,8 @@ class GenWorker(_Worker):
                         if m.incarnation > self.incarnation[m.worker]:
                             self._replaced(m, decisions, ready, payload)
                         self.pids[m.worker] = m.pid
+                    elif isinstance(m, Resync):
+                        self._resync(m, decisions)
                     elif isinstance(m, Resources):
                         self.apply_resources(m)
                     elif isinstance(m, Ready):
@@ -536,7 +620,9 @@ class GenWorker(_Worker):
                             ready[e] = now
                             if m.payload is not None:
                                 payload[e] = m.payload[i]
-                            if decisions[e] > 0:  # its chunk is done (not the first obs)
+                            if e in self.fresh:  # handed over by a rewire
+                                self.fresh.discard(e)
+                            elif decisions[e] > 0:  # its chunk is done (not the first obs)
                                 self.pending[owner[e]] -= 1
                         self._rebind()
                 continue
@@ -564,7 +650,8 @@ class GenWorker(_Worker):
                 by_worker.setdefault(owner[e], []).append(row)
             for w, rows in by_worker.items():
                 part = chunk.select(torch.tensor(rows))
-                if self._send_go(w, Go(part.env_ids.numpy(), self.slots.put_chunk(part))):
+                go = Go(part.env_ids.numpy(), self.slots.put_chunk(part), self.epoch)
+                if self._send_go(w, go):
                     self.pending[w] += len(rows)
             self._rebind()
             self.flush(
@@ -641,7 +728,10 @@ class LearnerWorker(_Worker):
         return self.stage.algo.policy.state_dict()
 
     def _connect(self, links: Links) -> None:
-        self.gens = [(Outbox(a, self.authkey), via_board) for a, via_board in links.gens]
+        # replica -> (its inbox, whether it reads the board); None while a dead one is replaced
+        self.gens: list[tuple[Outbox | None, bool]] = [
+            (Outbox(a, self.authkey), via_board) for a, via_board in links.gens
+        ]
         self._check_version()
         if links.world > 1:
             assert links.dist is not None
@@ -686,17 +776,29 @@ class LearnerWorker(_Worker):
         """The new weights to every replica: on the board for those on this machine (one copy
         in all), inline for the others."""
         with self.timeline.span("sync", self.name):
-            version = self.stage.version
-            inline = None
             if self.board is not None:
-                self.publish_s += self.board.publish(version, self._state())
-            for out, via_board in self.gens:
-                if via_board and self.board is not None:
-                    out.send(Weights(version, None))
-                else:
-                    if inline is None:
-                        inline = self.stage.weights()[1]
-                    out.send(Weights(version, inline))
+                self.publish_s += self.board.publish(self.stage.version, self._state())
+            inline: list = []  # the state dict, built once if a replica needs it inline
+            for r in range(len(self.gens)):
+                self._send_weights(r, inline)
+
+    def _send_weights(self, r: int, inline: list) -> None:
+        """The current version to replica ``r``; a replica whose process is gone is skipped
+        until the driver replaces it (:class:`Reconnect`)."""
+        out, via_board = self.gens[r]
+        if out is None:
+            return
+        version = self.stage.version
+        if via_board and self.board is not None:
+            msg = Weights(version, None)
+        else:
+            if not inline:
+                inline.append(self.stage.weights()[1])
+            msg = Weights(version, inline[0])
+        try:
+            out.send(msg)
+        except OSError:
+            self.gens[r] = (None, via_board)
 
     def _lead(self) -> None:
         plan, tl = self.plan, self.timeline
@@ -716,6 +818,12 @@ class LearnerWorker(_Worker):
                     while m.worker in parts.get(owed, {}):
                         owed += 1
                     self.driver.send(Owed(m.worker, owed))
+                elif isinstance(m, Reconnect):  # a replaced replica: the weights now
+                    with contextlib.suppress(OSError):
+                        if (old := self.gens[m.replica][0]) is not None:
+                            old.close()
+                    self.gens[m.replica] = (Outbox(m.address, self.authkey), m.via_board)
+                    self._send_weights(m.replica, [])
                 elif isinstance(m, Resources):
                     self.apply_resources(m)
             while len(parts.get(index, {})) == n_workers and not plan.budget.spent(
