@@ -264,3 +264,32 @@ def test_requeued_twice_resumes_into_one_finished_mlflow_run(slurm, tmp_path, sc
 def _pending(job: Job) -> str | None:
     q = _squeue(job.name)
     return q[2] if q and q[1] == "PENDING" else None
+
+
+@pytest.mark.timeout(600)
+def test_a_failing_job_fails_in_slurm_with_its_own_error(slurm, tmp_path):
+    """A job whose env worker raises: Slurm records it FAILED with a non-zero exit code (not
+    COMPLETED 0:0, as when Hydra's FAILED result was pickled as a success), and the launcher
+    shows the stage's own error (a StageError survives pickling)."""
+    name = f"ebrl-fail-{uuid.uuid4().hex[:6]}"
+    job = Job(tmp_path, name, [*SCHEDULERS["ebrl"], "simulator.fail_after_steps=12"])
+    try:
+        q = job.wait("the job in squeue", lambda: _squeue(name), 180)
+        job.jid = q[0]
+        job.proc.wait(timeout=400)
+        text = job.logs(n=10**6)
+        # slurmctld keeps a finished job's record for MinJobAge (300 s by default)
+        show = subprocess.run(
+            ["scontrol", "show", "job", job.jid], capture_output=True, text=True, timeout=30
+        ).stdout
+    finally:
+        job.stop()
+    state = re.search(r"JobState=(\S+)", show)
+    code = re.search(r"ExitCode=(\S+)", show)
+    print(f"\n[failing job] Slurm job {job.jid}: JobState={state and state[1]}, "
+          f"ExitCode={code and code[1]}, launcher exit {job.proc.returncode}")  # fmt: skip
+    assert job.proc.returncode != 0, text
+    assert "StageError" in text and "injected failure" in text, text
+    assert "missing 1 required positional argument" not in text, text
+    assert state is not None and state[1] == "FAILED", show
+    assert code is not None and code[1] != "0:0", show
