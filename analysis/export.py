@@ -6,11 +6,15 @@ Everything downstream (``analysis.stats``, ``analysis.tables``, ``analysis.figur
 ``runs.csv``: ``run_id``, ``run_name``, ``experiment``, ``status``, ``start_time``, ``end_time``,
 the run's tags (``scheduler``, ``policy``, ``simulator``, ``algo``, ``seed``, ``git_commit``,
 ``machine``, ``implementation``, then any others but MLflow's own), ``scheduler_variant`` (the
-scheduler with its switched-off levels and a non-static allocator, e.g.
-``EBRLScheduler[-overlap]+elastic``: what tables compare, so differently set runs never pool), the
+scheduler with its switched-off levels and a non-static allocator, e.g. ``ebrl[-overlap]+elastic``
+or, for runs tagged with class names, ``EBRLScheduler[-overlap]+elastic``; real RLinf by its mode,
+``rlinf_async``: what tables compare, so differently set runs never pool), the
 requested summary metrics without their ``summary/`` prefix (``throughput_e2e``...) and the key
 params as ``param.<dotted name>`` (a default list plus every param that differs between runs; a
 param a run's config does not have is empty there: not applicable, not missing).
+
+The tags are written as recorded; ``analysis.names`` turns them into the paper's names (EBRL,
+Async, ManiSkill PushCube...) when tables and figures are drawn.
 
 ``curves.csv``: ``run_id``, ``step`` (env steps), ``wall_s`` (the run's ``time/wall_s`` at that
 step), ``timestamp`` (ms since the epoch), ``key``, ``value``.
@@ -77,6 +81,7 @@ KEY_PARAMS = (
     "policy.size",
     "algo.cfg.group_size",
     "scheduler.backend",
+    "scheduler.mode",
     "scheduler.sim_workers",
     "scheduler.overlap",
     "scheduler.pipeline",
@@ -165,10 +170,15 @@ def _scheduler_variant(params: dict[str, str], scheduler: str | None) -> str:
     """The scheduler with what is switched off or changed: ``EBRLScheduler[-overlap]+elastic``.
 
     Runs of one scheduler under different settings must not pool into one cell of a table, so the
-    levels that are off and a non-static allocator are part of the name.
+    levels that are off and a non-static allocator are part of the name, and so is the mode of
+    the real-RLinf launcher when its tag is the class name (``RLinfScheduler`` ->
+    ``rlinf_async``, the config name users type).
     """
     off = [lv for lv in LEVELS if params.get(f"scheduler.{lv}", "True").lower() == "false"]
-    name = (scheduler or "unknown") + (f"[{','.join('-' + lv for lv in off)}]" if off else "")
+    base = scheduler or "unknown"
+    if base == "RLinfScheduler" and params.get("scheduler.mode"):
+        base = f"rlinf_{params['scheduler.mode']}"
+    name = base + (f"[{','.join('-' + lv for lv in off)}]" if off else "")
     alloc = params.get("resources.allocator", "static")
     return name if alloc == "static" else f"{name}+{alloc}"
 

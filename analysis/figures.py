@@ -2,8 +2,10 @@
 
 Each function takes the runs (and curves) DataFrames and the grouping columns and returns a
 ``matplotlib`` figure; :func:`save` writes it as ``<stem>.png`` and ``<stem>.pdf``. Error bars and
-bands are the same 95% bootstrap CIs over seeds as the tables (``analysis.stats``); per-seed values
-are drawn as dots so a reader sees how few there are.
+bands are the same 95% CIs over seeds as the tables (``analysis.stats``: BCa bootstrap unless
+``method`` says otherwise), and each figure says which in a caption line; per-seed values are
+drawn as dots so a reader sees how few there are. Schedulers, policies and simulators carry the
+paper's names (``analysis.names``).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import pandas as pd
 import seaborn as sns
 from matplotlib.figure import Figure
 
-from analysis import stats
+from analysis import names, stats
 from analysis.tables import LEVELS, label, with_levels
 
 sns.set_theme(style="whitegrid", context="paper")
@@ -47,6 +49,12 @@ def save(fig: Figure, stem: str | Path) -> list[Path]:
     return paths
 
 
+def _caption(fig: Figure, what: str, method: str) -> None:
+    """A line above the figure naming its interval: ``bars: 95% BCa bootstrap CI over seeds``
+    (above: some legends sit below the panels)."""
+    fig.text(0.0, 1.0, f"{what}: {stats.ci_label(method)}", fontsize=6, va="bottom", ha="left")
+
+
 def _config_label(df: pd.DataFrame, cols: Sequence[str]) -> pd.Series:
     if not cols:
         return pd.Series("all", index=df.index)
@@ -65,10 +73,12 @@ def throughput_bars(
     scheduler_col: str = "scheduler_variant",
     order: Sequence[str] | None = None,
     rng: np.random.Generator | None = None,
+    method: str = "bca",
 ) -> Figure:
     """Grouped bars: one group per configuration, one bar per scheduler, 95% CI whiskers."""
+    runs = names.display_runs(runs)
     df = runs.assign(_cfg=_config_label(runs, config_cols))
-    summ = stats.summarize(df, value, ["_cfg", scheduler_col], rng=rng)
+    summ = stats.summarize(df, value, ["_cfg", scheduler_col], rng=rng, ci=method)
     cfgs = list(dict.fromkeys(sorted(df["_cfg"])))
     scheds = list(order or sorted(df[scheduler_col].dropna().unique()))
     pal = _palette(scheds)
@@ -91,6 +101,7 @@ def throughput_bars(
     ax.set_ylabel(label(value))
     ax.legend(fontsize=7, frameon=False, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     fig.tight_layout()
+    _caption(fig, "bars: mean; whiskers", method)
     return fig
 
 
@@ -104,11 +115,14 @@ def convergence_curves(
     config_cols: Sequence[str] = ("simulator", "policy"),
     scheduler_col: str = "scheduler_variant",
     rng: np.random.Generator | None = None,
+    method: str = "bca",
 ) -> Figure:
     """Smoothed ``key`` against wall-clock seconds: mean and 95% CI band per scheduler, one panel
     per configuration; a dashed line at ``threshold``."""
+    runs = names.display_runs(runs)
     r = runs.assign(_cfg=_config_label(runs, config_cols))
-    bands = stats.curve_bands(curves, r, ["_cfg", scheduler_col], key=key, window=window, rng=rng)
+    by = ["_cfg", scheduler_col]
+    bands = stats.curve_bands(curves, r, by, key=key, window=window, rng=rng, method=method)
     cfgs = sorted(bands["_cfg"].unique()) or ["all"]
     pal = _palette(sorted(r[scheduler_col].dropna().unique()))
     fig, axes = plt.subplots(1, len(cfgs), figsize=(4.2 * len(cfgs), 3.2), squeeze=False)
@@ -122,6 +136,7 @@ def convergence_curves(
         ax.set_xlabel("wall-clock s")
         ax.set_ylabel(f"{key} ({window}-point mean)")
     _shared_legend(fig, axes, below=True)
+    _caption(fig, "lines: mean over runs; bands, pointwise", method)
     return fig
 
 
@@ -133,10 +148,11 @@ def _mean_ci_lines(
     scheduler_col: str,
     rng: np.random.Generator,
     pal: dict[str, tuple],
+    method: str = "bca",
 ) -> None:
     """Mean with 95% CI error bars against a numeric ``x``, a line per scheduler; schedulers
     without ``x`` (NaN) are drawn as a dashed horizontal reference."""
-    summ = stats.summarize(df, value, [scheduler_col, x], rng=rng)
+    summ = stats.summarize(df, value, [scheduler_col, x], rng=rng, ci=method)
     for s, g in summ.groupby(scheduler_col):
         ref = g[g[x].isna()]
         if len(ref):
@@ -183,22 +199,25 @@ def staleness_plot(
     config_cols: Sequence[str] = ("simulator", "policy"),
     scheduler_col: str = "scheduler_variant",
     rng: np.random.Generator | None = None,
+    method: str = "bca",
 ) -> Figure:
     """Throughput and final success (mean, 95% CI) against the staleness bound k: two panels per
     configuration (a row each); schedulers without k are dashed reference lines."""
     rng = rng or np.random.default_rng(0)
+    runs = names.display_runs(runs)
     df = runs.assign(_cfg=_config_label(runs, config_cols))
     cfgs = sorted(df["_cfg"].unique())
     pal = _palette(sorted(df[scheduler_col].dropna().unique()))
     fig, axes = plt.subplots(len(cfgs), 2, figsize=(7.0, 2.8 * len(cfgs)), squeeze=False)
     for row, c in zip(axes, cfgs):
         for ax, v in zip(row, (value, success)):
-            _mean_ci_lines(ax, df[df["_cfg"] == c], k_col, v, scheduler_col, rng, pal)
+            _mean_ci_lines(ax, df[df["_cfg"] == c], k_col, v, scheduler_col, rng, pal, method)
             ax.set_xlabel(f"staleness bound {label(k_col)}")
             ax.set_ylabel(label(v))
             ax.set_title(c, fontsize=9)
             ax.set_xticks(sorted(df[k_col].dropna().unique()))
     _shared_legend(fig, axes)
+    _caption(fig, "points: mean; error bars", method)
     return fig
 
 
@@ -210,23 +229,26 @@ def scaling_plot(
     config_cols: Sequence[str] = ("simulator", "policy"),
     scheduler_col: str = "scheduler_variant",
     rng: np.random.Generator | None = None,
+    method: str = "bca",
 ) -> Figure:
     """Throughput against a scale column (envs, GPUs...), a line per scheduler with 95% CI bars,
     a panel per configuration; log2 axis when the scale spans 8x or more."""
     rng = rng or np.random.default_rng(0)
+    runs = names.display_runs(runs)
     df = runs.assign(_cfg=_config_label(runs, config_cols))
     cfgs = sorted(df["_cfg"].unique())
     pal = _palette(sorted(df[scheduler_col].dropna().unique()))
     fig, axes = plt.subplots(1, len(cfgs), figsize=(4.0 * len(cfgs), 3.2), squeeze=False)
     xs = df[scale_col].dropna()
     for ax, c in zip(axes[0], cfgs):
-        _mean_ci_lines(ax, df[df["_cfg"] == c], scale_col, value, scheduler_col, rng, pal)
+        _mean_ci_lines(ax, df[df["_cfg"] == c], scale_col, value, scheduler_col, rng, pal, method)
         if len(xs) and xs.min() > 0 and xs.max() / xs.min() >= 8:
             ax.set_xscale("log", base=2)
         ax.set_xlabel(label(scale_col))
         ax.set_ylabel(label(value))
         ax.set_title(c, fontsize=9)
     _shared_legend(fig, axes)
+    _caption(fig, "points: mean; error bars", method)
     return fig
 
 
@@ -237,12 +259,19 @@ def ablation_bars(
     config_cols: Sequence[str] = ("simulator", "policy"),
     levels: Mapping[str, object] = LEVELS,
     rng: np.random.Generator | None = None,
+    method: str = "bca",
 ) -> Figure:
     """Bars per combination of EBRL's levels, ordered by how many are on (as the table), grouped
     by configuration."""
     df, order, _ = with_levels(runs, levels)
     return throughput_bars(
-        df, value=value, config_cols=config_cols, scheduler_col="levels", order=order, rng=rng
+        df,
+        value=value,
+        config_cols=config_cols,
+        scheduler_col="levels",
+        order=order,
+        rng=rng,
+        method=method,
     )
 
 

@@ -9,6 +9,12 @@ Kinds: ``headline`` (throughput and speedup over the strongest baseline, bars), 
 final success against k), ``ablation`` (EBRL's levels), ``scaling`` (throughput against a scale
 column), ``grpo`` (throughput and success per algorithm), ``timeline`` (Gantt of stage spans).
 
+Schedulers, policies and simulators are shown by the paper's names (``analysis.names``: EBRL,
+Async, Transformer-L (VLA-shaped), ManiSkill PushCube...), whatever spelling the runs recorded;
+``--target``, ``--baselines`` and ``--where`` on those columns take any spelling (``ebrl``,
+``EBRLScheduler``, ``EBRL``). Intervals: ``--ci bca`` (default), ``percentile`` or ``t``; every
+table's notes name the one it shows.
+
 Usage: ``python -m analysis.report --runs results/export --kind headline --out results/headline``
 """
 
@@ -26,14 +32,14 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
-from analysis import tables
+from analysis import names, tables
 from analysis.tables import TARGET, Table
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-#: what defines a configuration (each gets its own strongest baseline): transformer sizes share
-#: the policy tag, and a GPU type is a configuration of its own
+#: what defines a configuration (each gets its own strongest baseline): a GPU type is one of its
+#: own, and so is a transformer size where the policy's name does not already say it (old runs)
 CONFIG_COLS = ("simulator", "policy", "param.policy.size", "param.gpu.name")
 KINDS = ("headline", "convergence", "staleness", "ablation", "scaling", "grpo", "timeline")
 
@@ -52,17 +58,31 @@ def _as_text(x: object) -> str:
 
 def _filter(runs: pd.DataFrame, where: Sequence[str]) -> pd.DataFrame:
     """Keep rows where ``COL=V1,V2`` (one of the values) or drop them with ``COL!=V1,V2``;
-    compared as text; several conditions must all hold."""
+    compared as text (a scheduler, variant, policy or simulator by its config name, so any
+    spelling of it matches: :func:`analysis.names.column_key`); all conditions must hold."""
     for w in where:
         neg = "!=" in w
         col, _, vals = w.partition("!=" if neg else "=")
         if col not in runs:
             raise SystemExit(f"--where {w!r}: no column {col!r} in runs.csv")
-        hit = runs[col].map(_as_text).isin(vals.split(","))
+        wanted = {names.column_key(col, v) for v in vals.split(",")}
+        hit = runs[col].map(lambda x, c=col: names.column_key(c, _as_text(x))).isin(wanted)
         runs = runs[~hit if neg else hit]
     if runs.empty:
         raise SystemExit(f"no runs left after --where {list(where)}")
     return runs
+
+
+def _tells_apart(runs: pd.DataFrame, col: str) -> bool:
+    """Whether a default configuration column is needed: simulator and policy always; another
+    one where it varies, a transformer size only where one policy name holds several sizes."""
+    if col in ("simulator", "policy"):
+        return True
+    if col not in runs or runs[col].nunique(dropna=False) < 2:
+        return False
+    if col == "param.policy.size" and "policy" in runs:
+        return bool(runs.groupby("policy", dropna=False)[col].nunique(dropna=False).max() > 1)
+    return True
 
 
 def _provenance(runs_dir: Path, argv: Sequence[str]) -> str:
@@ -98,8 +118,8 @@ def _gantts(
         found = [runs_dir / "traces" / f"{r}.json" for r in g["run_id"]]
         found = [p for p in found if p.exists()]
         if found:
-            name = g.iloc[0]["run_name"] if "run_name" in g else sched
-            out.append((str(sched), figs.gantt(found[0], window=window, title=name)))
+            title = f"{sched}: {g.iloc[0]['run_name']}" if "run_name" in g else str(sched)
+            out.append((str(sched), figs.gantt(found[0], window=window, title=title)))
     if not out:
         raise SystemExit(f"no traces: pass --trace FILE or export with --traces into {runs_dir}")
     return out
@@ -114,16 +134,18 @@ def build(
     rng = np.random.default_rng(args.seed)
     cfg, sc = args.config_cols, args.scheduler_col
     common = {"scheduler_col": sc, "target": args.target, "baselines": args.baselines}
+    # the figures' intervals are the tables' (a curve's band: a bootstrap one, as its ratios)
+    bars = {"scheduler_col": sc, "method": args.ci}
     if kind == "headline":
         t = tables.headline(runs, value=args.value, config_cols=cfg, ci=args.ci, rng=rng, **common)
-        f = figs.throughput_bars(runs, value=args.value, config_cols=cfg, scheduler_col=sc)
+        f = figs.throughput_bars(runs, value=args.value, config_cols=cfg, **bars)
         return t, [("", f)]
     if kind == "scaling":
         t = tables.scaling(
             runs, scale_col=args.scale_col, value=args.value, config_cols=cfg, ci=args.ci, **common
         )
         f = figs.scaling_plot(
-            runs, scale_col=args.scale_col, value=args.value, config_cols=cfg, scheduler_col=sc
+            runs, scale_col=args.scale_col, value=args.value, config_cols=cfg, **bars
         )
         return t, [("", f)]
     if kind == "grpo":
@@ -145,20 +167,18 @@ def build(
         )
         gcfg = [*cfg, algo]
         return t, [
-            ("", figs.throughput_bars(runs, value=args.value, config_cols=gcfg, scheduler_col=sc)),
-            (
-                "_success",
-                figs.throughput_bars(runs, value=args.success, config_cols=gcfg, scheduler_col=sc),
-            ),
+            ("", figs.throughput_bars(runs, value=args.value, config_cols=gcfg, **bars)),
+            ("_success", figs.throughput_bars(runs, value=args.success, config_cols=gcfg, **bars)),
         ]
     if kind == "ablation":
         t = tables.ablation(runs, value=args.value, config_cols=cfg, ci=args.ci, rng=rng)
-        return t, [("", figs.ablation_bars(runs, value=args.value, config_cols=cfg))]
+        fig = figs.ablation_bars(runs, value=args.value, config_cols=cfg, method=args.ci)
+        return t, [("", fig)]
     if kind == "staleness":
         what = {"k_col": args.k_col, "value": args.value, "success": args.success}
         what |= {"config_cols": cfg, "scheduler_col": sc}
         t = tables.staleness(runs, ci=args.ci, rng=rng, **what)
-        return t, [("", figs.staleness_plot(runs, **what))]
+        return t, [("", figs.staleness_plot(runs, method=args.ci, **what))]
     if kind == "convergence":
         if curves is None or curves.empty:
             raise SystemExit("convergence needs curves.csv with points")
@@ -179,7 +199,9 @@ def build(
             **what,
             **common,
         )
-        return t, [("", figs.convergence_curves(curves, runs, scheduler_col=sc, **what))]
+        band = "percentile" if args.ci == "percentile" else "bca"
+        fig = figs.convergence_curves(curves, runs, scheduler_col=sc, method=band, **what)
+        return t, [("", fig)]
     if kind == "timeline":
         gantts = _gantts(runs, args.runs, args, figs)
         return None, [("_" + re.sub(r"[^A-Za-z0-9_.-]+", "_", n).strip("_"), f) for n, f in gantts]
@@ -200,7 +222,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         "two only where present and not constant)",
     )
     ap.add_argument("--scheduler-col", default="scheduler_variant")
-    ap.add_argument("--target", default=TARGET, help="the scheduler under study")
+    ap.add_argument(
+        "--target", default=TARGET, help="the scheduler under study (ebrl, EBRLScheduler, EBRL)"
+    )
     ap.add_argument("--baselines", type=_csv_list, help="default: every other scheduler")
     ap.add_argument(
         "--where", action="append", default=[], help="COL=V1,V2 or COL!=V1,V2; all must hold"
@@ -218,7 +242,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--threshold", type=float, default=0.8)
     ap.add_argument("--window", type=int, default=5, help="trailing-mean points of a curve")
     ap.add_argument("--censored", choices=("nan", "budget"), default="nan")
-    ap.add_argument("--ci", choices=("bootstrap", "t"), default="bootstrap")
+    ap.add_argument(
+        "--ci",
+        choices=("bca", "percentile", "t"),
+        default="bca",
+        help="interval of the cells: BCa or percentile bootstrap, or Student t (ratios: bootstrap)",
+    )
     ap.add_argument("--trace", action="append", help="timeline.json file(s) for --kind timeline")
     ap.add_argument("--window-s", help="START,END seconds of the trace to draw")
     ap.add_argument("--seed", type=int, default=0, help="bootstrap random seed")
@@ -226,13 +255,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     runs_csv = args.runs / "runs.csv"
     if not runs_csv.exists():
         raise SystemExit(f"{runs_csv} not found: run `python -m analysis.export` first")
-    runs = _filter(pd.read_csv(runs_csv), args.where)
+    runs = _filter(names.display_runs(pd.read_csv(runs_csv)), args.where)
     if args.config_cols is None:
-        args.config_cols = [
-            c
-            for c in CONFIG_COLS
-            if c in ("simulator", "policy") or (c in runs and runs[c].nunique(dropna=False) > 1)
-        ]
+        args.config_cols = [c for c in CONFIG_COLS if _tells_apart(runs, c)]
     need = [*args.config_cols, args.scheduler_col]
     need += {"staleness": [args.k_col], "scaling": [args.scale_col]}.get(args.kind, [])
     absent = [c for c in need if c not in runs]

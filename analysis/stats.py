@@ -1,29 +1,71 @@
-"""Statistics over seeds, after rliable (Agarwal et al. 2021): bootstrap CIs, IQM, ratios.
+"""Statistics over seeds, after rliable (Agarwal et al. 2021), on scipy: bootstrap CIs, IQM, ratios.
 
 Everything is a pure function, with an explicit random generator, so results are reproducible and
 testable on known inputs: first of arrays of per-seed values (:func:`bootstrap_ci`,
-:func:`ratio_ci`, :func:`iqm`, :func:`prob_improvement`), then of the tidy tables
-``analysis.export`` writes (one row per run, or one row per curve point): summaries per group,
-speedup over the strongest baseline, probabilities of improvement, time to a threshold.
+:func:`ratio_ci`, :func:`iqm`, :func:`prob_improvement`, :func:`stratified_ci` for a runs x tasks
+score matrix), then of the tidy tables ``analysis.export`` writes (one row per run, or one row per
+curve point): summaries per group, speedup over the strongest baseline, probabilities of
+improvement, time to a threshold.
+
+Definitions (rliable's, ``rliable.metrics`` and ``rliable.library``):
+
+- IQM: the 25% trimmed mean, ``scipy.stats.trim_mean(x, 0.25)``; of a (runs x tasks) matrix, of
+  all its scores at once (``aggregate_iqm``).
+- Stratified bootstrap: the runs of each task are resampled on their own, tasks are never mixed.
+- Probability of improvement: P(X > Y) for one run of each, ties counted half, averaged over tasks.
+
+Intervals come from ``scipy.stats.bootstrap``: BCa by default (bias-corrected and accelerated;
+rliable's default is the percentile interval, available here as ``method="percentile"``). BCa is
+undefined when every resample gives the same statistic or the jackknife is degenerate (scipy then
+warns and returns NaN; both happen with 3 seeds: identical values, a ratio that is the same for
+every seed); :func:`bootstrap_ci` and the others then give the percentile interval of the same
+resamples and say so in :attr:`Estimate.method`. With few seeds every bootstrap interval
+under-covers: :data:`COVERAGE` records by how much (``python -m analysis.coverage``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+import warnings
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
+from scipy import stats as st
+
+#: interval methods: name -> what a table calls it
+CI_NAMES = {"bca": "BCa bootstrap", "percentile": "percentile bootstrap", "t": "Student t"}
+#: bootstrap interval methods (``scipy.stats.bootstrap``'s spelling)
+_SCIPY_METHOD = {"bca": "BCa", "percentile": "percentile"}
+#: measured coverage of nominal 95% CIs of the mean over n seeds, normal data (``normal(3, 2)``),
+#: 4000 samples per cell, 2000 resamples per interval: ``python -m analysis.coverage`` (its table
+#: has skewed and heavy-tailed data too; tests/test_analysis_coverage.py rechecks these). Every
+#: bootstrap interval under-covers with few seeds, and BCa does not help there: it corrects for
+#: skew (lognormal data, n = 5 and 10), not for the few values a resample can draw from. The t
+#: interval is exact on normal data and assumes it. The record before BCa: percentile, 76% at n=3.
+COVERAGE: dict[str, dict[int, float]] = {
+    "percentile": {3: 0.756, 5: 0.840, 10: 0.908},
+    "bca": {3: 0.734, 5: 0.833, 10: 0.899},
+    "t": {3: 0.950, 5: 0.951, 10: 0.949},
+}
+
+NAN = float("nan")
 
 
 @dataclass(frozen=True)
 class Estimate:
-    """A point estimate with a confidence interval."""
+    """A point estimate with a confidence interval.
+
+    Attributes:
+        method: the interval actually computed: ``bca``, ``percentile`` (asked for, or BCa was
+            undefined on these values), ``t``; empty when there is no interval (n < 2).
+    """
 
     value: float
     low: float
     high: float
     n: int
+    method: str = ""
 
     def fmt(self, spec: str = ".0f") -> str:
         if self.n < 2:
@@ -31,105 +73,295 @@ class Estimate:
         return f"{self.value:{spec}} [{self.low:{spec}}, {self.high:{spec}}]"
 
 
-def iqm(x: np.ndarray) -> float:
-    """Interquartile mean: the mean of the middle 50% (linear weights at the quartile edges)."""
-    x = np.sort(np.asarray(x, dtype=float).ravel())
-    n = len(x)
+def ci_label(method: str, conf: float = 0.95) -> str:
+    """What a table header or footnote calls an interval: ``95% BCa bootstrap CI over seeds``."""
+    return f"{conf:.0%} {CI_NAMES[method]} CI over seeds"
+
+
+def _check_method(method: str, allowed: Sequence[str] = ("bca", "percentile")) -> None:
+    if method not in allowed:
+        raise ValueError(f"interval method must be one of {list(allowed)}, not {method!r}")
+
+
+def iqm(x: np.ndarray | Sequence[float], axis: int | None = None) -> float | np.ndarray:
+    """Interquartile mean, rliable's: ``scipy.stats.trim_mean(x, 0.25)``.
+
+    ``int(0.25 * n)`` values are cut from each end and the rest averaged: the plain mean for
+    n <= 3, the middle 3 of 5, the middle 6 of 10 (the quartile edges are not interpolated).
+
+    Args:
+        x: values; a (runs x tasks) matrix is taken whole, as rliable's ``aggregate_iqm``.
+        axis: None: over all values; an int: along that axis (vectorised resamples).
+
+    Returns:
+        A float for ``axis=None`` (NaN when ``x`` is empty), else an array.
+    """
+    a = np.asarray(x, dtype=float)
+    if axis is None:
+        return float(st.trim_mean(a, 0.25, axis=None)) if a.size else NAN
+    return st.trim_mean(a, 0.25, axis=axis)
+
+
+def iqm_interpolated(x: np.ndarray | Sequence[float]) -> float:
+    """This package's IQM before scipy (kept only to print old and new side by side).
+
+    The mean of the middle 50% with linear weights at the quartile edges: each of n sorted values
+    covers [i/n, (i+1)/n) of the quantile axis and is weighted by its overlap with [.25, .75).
+    It is not rliable's IQM: [1, 2, 3, 7, 100] gives 3.9 here, 4.0 there.
+    """
+    v = np.sort(np.asarray(x, dtype=float).ravel())
+    n = len(v)
     if n == 0:
-        return float("nan")
-    # each sample covers [i/n, (i+1)/n) of the quantile axis; weight = its overlap with [.25, .75)
+        return NAN
     lo, hi = np.arange(n) / n, (np.arange(n) + 1) / n
     w = np.clip(np.minimum(hi, 0.75) - np.maximum(lo, 0.25), 0, None)
-    return float(np.sum(w * x) / np.sum(w))
+    return float(np.sum(w * v) / np.sum(w))
+
+
+def _mean_ratio(num: np.ndarray, den: np.ndarray, axis: int = -1) -> np.ndarray:
+    return np.mean(num, axis=axis) / np.mean(den, axis=axis)
+
+
+def _bootstrap(
+    samples: Sequence[np.ndarray],
+    statistic: Callable[..., np.ndarray],
+    *,
+    paired: bool,
+    method: str,
+    conf: float,
+    reps: int,
+    rng: np.random.Generator,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``scipy.stats.bootstrap`` along the last axis, with BCa's undefined cases made explicit.
+
+    Args:
+        samples: arrays whose last axis is resampled (leading axes: independent problems, e.g.
+            the points of a curve); several samples are resampled with the same indices when
+            ``paired``, each on its own otherwise.
+        statistic: ``statistic(*samples, axis=-1)``, vectorised.
+
+    Returns:
+        (low, high, fell_back): the interval, and where BCa was asked for but undefined (all
+        resamples equal, or a degenerate jackknife) and the percentile interval of the same
+        resamples stands in. Where every resample is equal that interval has zero width.
+    """
+    with warnings.catch_warnings():
+        # the undefined cases are detected below, from the NaNs scipy returns with its warning
+        warnings.simplefilter("ignore", st.DegenerateDataWarning)
+        warnings.simplefilter("ignore", RuntimeWarning)
+        res = st.bootstrap(
+            tuple(samples),
+            statistic,
+            n_resamples=reps,
+            vectorized=True,
+            paired=paired,
+            axis=-1,
+            confidence_level=conf,
+            method=_SCIPY_METHOD[method],
+            rng=rng,
+        )
+    low = np.asarray(res.confidence_interval.low, dtype=float)
+    high = np.asarray(res.confidence_interval.high, dtype=float)
+    bad = ~(np.isfinite(low) & np.isfinite(high))
+    if bad.any():
+        a = (1 - conf) / 2
+        boot = np.asarray(res.bootstrap_distribution, dtype=float)
+        with np.errstate(invalid="ignore"):
+            plo, phi = np.quantile(boot, [a, 1 - a], axis=-1)
+        low, high = np.where(bad, plo, low), np.where(bad, phi, high)
+    fell_back = bad & np.isfinite(low) if method == "bca" else np.zeros_like(bad)
+    return low, high, fell_back
+
+
+def _estimate(
+    point: float, low: np.ndarray, high: np.ndarray, fell_back: np.ndarray, n: int, method: str
+) -> Estimate:
+    used = "percentile" if bool(fell_back) else method
+    return Estimate(point, float(low), float(high), n, used)
 
 
 def bootstrap_ci(
-    x: np.ndarray,
-    stat=np.mean,
+    x: np.ndarray | Sequence[float],
+    stat: Callable[..., np.ndarray] = np.mean,
     conf: float = 0.95,
     reps: int = 10_000,
     rng: np.random.Generator | None = None,
+    method: str = "bca",
 ) -> Estimate:
-    """Percentile bootstrap CI of ``stat`` over the samples ``x`` (e.g. one value per seed)."""
+    """Bootstrap CI of ``stat`` over the samples ``x`` (e.g. one value per seed).
+
+    Args:
+        stat: a statistic that takes ``axis`` (``np.mean``, :func:`iqm`, ``np.median``).
+        method: ``bca`` (default) or ``percentile``; see the module docstring for BCa's
+            undefined cases.
+
+    Returns:
+        The statistic of ``x`` with its interval; n < 2: no interval (low = high = value).
+    """
+    _check_method(method)
     x = np.asarray(x, dtype=float).ravel()
     n = len(x)
     if n == 0:
-        return Estimate(float("nan"), float("nan"), float("nan"), 0)
+        return Estimate(NAN, NAN, NAN, 0)
     point = float(stat(x))
     if n == 1:
         return Estimate(point, point, point, 1)
     rng = rng or np.random.default_rng(0)
-    idx = rng.integers(0, n, size=(reps, n))
-    boots = np.array([stat(row) for row in x[idx]]) if stat is not np.mean else x[idx].mean(1)
-    a = (1 - conf) / 2
-    return Estimate(point, float(np.quantile(boots, a)), float(np.quantile(boots, 1 - a)), n)
+    lo, hi, fb = _bootstrap([x], stat, paired=False, method=method, conf=conf, reps=reps, rng=rng)
+    return _estimate(point, lo, hi, fb, n, method)
 
 
 def ratio_ci(
-    num: np.ndarray,
-    den: np.ndarray,
+    num: np.ndarray | Sequence[float],
+    den: np.ndarray | Sequence[float],
     paired: bool = True,
     conf: float = 0.95,
     reps: int = 10_000,
     rng: np.random.Generator | None = None,
+    method: str = "bca",
 ) -> Estimate:
     """Bootstrap CI of mean(num) / mean(den).
 
     Args:
-        paired: resample seeds jointly (num[i] and den[i] share seed i); else independently.
+        paired: num[i] and den[i] come from the same seed i: each resample draws seed indices
+            once and takes both values of each drawn seed, so what the two share (the machine's
+            state, the seed's episodes) cancels in the ratio. False: the two groups are resampled
+            independently (their sizes may differ); the interval then also carries the spread
+            between seeds that pairing would cancel, so it is wider: right when the runs share
+            nothing, conservative when they do.
+        method: ``bca`` (default) or ``percentile``. When every seed has the same ratio, each
+            paired resample does too: the interval is that value, zero width (BCa undefined).
+
+    Raises:
+        ValueError: ``paired`` with groups of different sizes.
     """
+    _check_method(method)
     num, den = np.asarray(num, float).ravel(), np.asarray(den, float).ravel()
     if len(num) == 0 or len(den) == 0:
-        return Estimate(float("nan"), float("nan"), float("nan"), 0)
+        return Estimate(NAN, NAN, NAN, 0)
     point = float(num.mean() / den.mean())
+    if paired and len(num) != len(den):
+        raise ValueError("paired ratio needs equally many samples")
     n = min(len(num), len(den))
     if n < 2:
         return Estimate(point, point, point, n)
     rng = rng or np.random.default_rng(0)
-    if paired:
-        if len(num) != len(den):
-            raise ValueError("paired ratio needs equally many samples")
-        idx = rng.integers(0, n, size=(reps, n))
-        boots = num[idx].mean(1) / den[idx].mean(1)
-    else:
-        bn = num[rng.integers(0, len(num), size=(reps, len(num)))].mean(1)
-        bd = den[rng.integers(0, len(den), size=(reps, len(den)))].mean(1)
-        boots = bn / bd
-    a = (1 - conf) / 2
-    return Estimate(point, float(np.quantile(boots, a)), float(np.quantile(boots, 1 - a)), n)
+    lo, hi, fb = _bootstrap(
+        [num, den], _mean_ratio, paired=paired, method=method, conf=conf, reps=reps, rng=rng
+    )
+    return _estimate(point, lo, hi, fb, n, method)
 
 
-def prob_improvement(x: np.ndarray, y: np.ndarray) -> float:
-    """P(X > Y) for one draw of each (ties count half): rliable's probability of improvement."""
-    x, y = np.asarray(x, float).ravel(), np.asarray(y, float).ravel()
-    if len(x) == 0 or len(y) == 0:
-        return float("nan")
-    gt = (x[:, None] > y[None, :]).mean()
-    eq = (x[:, None] == y[None, :]).mean()
-    return float(gt + 0.5 * eq)
+def _task_columns(scores: np.ndarray | Sequence[float]) -> list[np.ndarray]:
+    """A score matrix (runs x tasks) as one array of runs per task; a vector is one task."""
+    s = np.asarray(scores, dtype=float)
+    if s.ndim == 1:
+        s = s[:, None]
+    if s.ndim != 2:
+        raise ValueError(f"scores must be runs x tasks, not of shape {s.shape}")
+    return [s[:, j] for j in range(s.shape[1])]
 
 
-# --- tables of runs: pure functions on DataFrames ------------------------------------------------
-#: measured coverage of the nominal 95% percentile bootstrap CI of a mean, normal data, 1000 trials
-#: per n (tests/test_analysis_stats.py): it under-covers with few seeds. ``ci="t"`` is exact there.
-PERCENTILE_COVERAGE = {3: 0.76, 5: 0.83, 10: 0.89, 50: 0.95}
+def _pooled(cols: Sequence[np.ndarray]) -> np.ndarray:
+    """The tasks' runs side by side along the last axis (leading axes broadcast: resamples)."""
+    lead = np.broadcast_shapes(*(c.shape[:-1] for c in cols))
+    return np.concatenate([np.broadcast_to(c, lead + c.shape[-1:]) for c in cols], axis=-1)
 
 
-def t_ci(x: np.ndarray, conf: float = 0.95) -> Estimate:
+def _iqm_of_tasks(*cols: np.ndarray, axis: int = -1) -> np.ndarray:
+    """rliable's aggregate IQM: the trimmed mean of every task's runs together."""
+    return st.trim_mean(_pooled([np.moveaxis(c, axis, -1) for c in cols]), 0.25, axis=-1)
+
+
+def _mean_of_tasks(*cols: np.ndarray, axis: int = -1) -> np.ndarray:
+    """rliable's aggregate mean: the mean over tasks of each task's mean over runs."""
+    lead = np.broadcast_shapes(*(c.shape[:-1] for c in cols))
+    means = [np.broadcast_to(np.mean(np.moveaxis(c, axis, -1), axis=-1), lead) for c in cols]
+    return np.mean(np.stack(means, axis=-1), axis=-1)
+
+
+#: aggregate scores of a (runs x tasks) matrix, as functions of the task columns
+AGGREGATES: dict[str, Callable[..., np.ndarray]] = {"iqm": _iqm_of_tasks, "mean": _mean_of_tasks}
+
+
+def aggregate(scores: np.ndarray | Sequence[float], how: str = "iqm") -> float:
+    """rliable's ``aggregate_iqm`` (``how="iqm"``) or ``aggregate_mean`` of runs x tasks."""
+    cols = _task_columns(scores)
+    if not len(cols[0]):
+        return NAN
+    return float(AGGREGATES[how](*cols))
+
+
+def stratified_ci(
+    scores: np.ndarray | Sequence[float],
+    how: str = "iqm",
+    conf: float = 0.95,
+    reps: int = 10_000,
+    rng: np.random.Generator | None = None,
+    method: str = "bca",
+) -> Estimate:
+    """:func:`aggregate` of a runs x tasks matrix with a stratified bootstrap CI.
+
+    Each task's runs are resampled on their own (rliable's ``StratifiedBootstrap``): every
+    resample keeps every task with as many runs as it had. scipy does this when each task is a
+    separate sample (``paired=False``); its BCa then takes the jackknife over each task's runs.
+
+    Args:
+        scores: (runs x tasks); a vector is one task.
+        how: ``iqm`` or ``mean``.
+        method: ``bca`` (default) or ``percentile`` (rliable's default).
+    """
+    _check_method(method)
+    cols = _task_columns(scores)
+    n = len(cols[0])
+    if n == 0:
+        return Estimate(NAN, NAN, NAN, 0)
+    point = aggregate(scores, how)
+    if n == 1:
+        return Estimate(point, point, point, 1)
+    rng = rng or np.random.default_rng(0)
+    stat = AGGREGATES[how]
+    lo, hi, fb = _bootstrap(cols, stat, paired=False, method=method, conf=conf, reps=reps, rng=rng)
+    return _estimate(point, lo, hi, fb, n, method)
+
+
+def _p_improve(x: np.ndarray, y: np.ndarray, axis: int = -1) -> np.ndarray:
+    """P(X > Y) + P(X = Y) / 2 between all pairs along ``axis`` (leading axes broadcast)."""
+    x, y = np.moveaxis(x, axis, -1), np.moveaxis(y, axis, -1)
+    gt = (x[..., :, None] > y[..., None, :]).mean((-2, -1))
+    eq = (x[..., :, None] == y[..., None, :]).mean((-2, -1))
+    return gt + 0.5 * eq
+
+
+def prob_improvement(x: np.ndarray | Sequence[float], y: np.ndarray | Sequence[float]) -> float:
+    """rliable's probability of improvement: P(X > Y) for one run of each, ties count half.
+
+    Args:
+        x, y: runs of each (vectors), or runs x tasks matrices with the same tasks: then the
+            probability per task, averaged over tasks.
+    """
+    xc, yc = _task_columns(x), _task_columns(y)
+    if len(xc) != len(yc):
+        raise ValueError(f"x has {len(xc)} tasks, y {len(yc)}")
+    if len(xc[0]) == 0 or len(yc[0]) == 0:
+        return NAN
+    return float(np.mean([_p_improve(a, b) for a, b in zip(xc, yc)]))
+
+
+def t_ci(x: np.ndarray | Sequence[float], conf: float = 0.95) -> Estimate:
     """Student-t CI of the mean: exact for normal data at any n (the bootstrap is not, n < 10)."""
-    from scipy import stats as st
-
     x = np.asarray(x, dtype=float).ravel()
     n = len(x)
     if n == 0:
-        return Estimate(float("nan"), float("nan"), float("nan"), 0)
+        return Estimate(NAN, NAN, NAN, 0)
     m = float(x.mean())
     if n == 1:
         return Estimate(m, m, m, 1)
     half = float(st.t.ppf(0.5 + conf / 2, n - 1) * x.std(ddof=1) / np.sqrt(n))
-    return Estimate(m, m - half, m + half, n)
+    return Estimate(m, m - half, m + half, n, "t")
 
 
+# --- tables of runs: pure functions on DataFrames ------------------------------------------------
 def iter_groups(df: pd.DataFrame, by: Sequence[str]) -> Iterator[tuple[tuple, pd.DataFrame]]:
     """``groupby`` that keeps NaN keys and yields tuple keys for any number of columns."""
     if not by:
@@ -145,7 +377,7 @@ def summarize(
     by: Sequence[str] = (),
     *,
     conf: float = 0.95,
-    ci: str = "bootstrap",
+    ci: str = "bca",
     reps: int = 10_000,
     rng: np.random.Generator | None = None,
 ) -> pd.DataFrame:
@@ -155,23 +387,23 @@ def summarize(
         df: one row per run.
         value: the column to summarise.
         by: grouping columns (a configuration and a scheduler, say).
-        ci: ``"bootstrap"`` (percentile, as rliable; see :data:`PERCENTILE_COVERAGE`) or ``"t"``.
+        ci: ``"bca"`` (default), ``"percentile"`` (rliable's) or ``"t"``; see :data:`COVERAGE`.
 
     Returns:
         One row per group: the ``by`` columns, ``n`` (non-missing values), ``n_missing``, ``mean``,
-        ``std`` (ddof=1; NaN for n < 2), ``ci_low``, ``ci_high``, ``iqm``.
+        ``std`` (ddof=1; NaN for n < 2), ``ci_low``, ``ci_high``, ``ci_method`` (the interval
+        computed: ``percentile`` where BCa was undefined; empty for n < 2), ``iqm``.
     """
-    if ci not in ("bootstrap", "t"):
-        raise ValueError(f"ci must be 'bootstrap' or 't', not {ci!r}")
+    _check_method(ci, tuple(CI_NAMES))
     rng = rng or np.random.default_rng(0)
     rows = []
     for key, g in iter_groups(df, by):
         x = g[value].to_numpy(dtype=float)
         ok = x[~np.isnan(x)]
-        if ci == "bootstrap":
-            est = bootstrap_ci(ok, conf=conf, reps=reps, rng=rng)
-        else:
+        if ci == "t":
             est = t_ci(ok, conf)
+        else:
+            est = bootstrap_ci(ok, conf=conf, reps=reps, rng=rng, method=ci)
         rows.append(
             {
                 **dict(zip(by, key)),
@@ -181,10 +413,11 @@ def summarize(
                 "std": float(ok.std(ddof=1)) if len(ok) > 1 else float("nan"),
                 "ci_low": est.low,
                 "ci_high": est.high,
+                "ci_method": est.method,
                 "iqm": iqm(ok),
             }
         )
-    cols = [*by, "n", "n_missing", "mean", "std", "ci_low", "ci_high", "iqm"]
+    cols = [*by, "n", "n_missing", "mean", "std", "ci_low", "ci_high", "ci_method", "iqm"]
     return pd.DataFrame(rows, columns=cols)
 
 
@@ -219,10 +452,12 @@ class _RatioOpts:
     conf: float
     reps: int
     rng: np.random.Generator
+    method: str = "bca"
 
 
 def _ratio_row(t: pd.DataFrame, b: pd.DataFrame, value: str, opts: _RatioOpts) -> dict:
-    """Improvement of group ``t`` over group ``b`` as a ratio of means, with a bootstrap CI.
+    """Improvement of group ``t`` over group ``b`` as a ratio of means, with a bootstrap CI
+    (paired by seed where :func:`_aligned` pairs them; see :func:`ratio_ci`).
 
     The ratio is ``mean(t) / mean(b)`` when higher is better (a speedup in throughput) and
     ``mean(b) / mean(t)`` when lower is (a speedup in time to a threshold): > 1 means ``t`` wins.
@@ -232,10 +467,22 @@ def _ratio_row(t: pd.DataFrame, b: pd.DataFrame, value: str, opts: _RatioOpts) -
     missing = int(np.isnan(x).sum() + np.isnan(y).sum())
     out = {"n": len(x), "n_baseline": len(y), "n_missing": missing, "paired": was_paired}
     if missing or len(x) == 0 or len(y) == 0:
-        return {**out, "ratio": float("nan"), "ci_low": float("nan"), "ci_high": float("nan")}
+        return {**out, "ratio": NAN, "ci_low": NAN, "ci_high": NAN, "ci_method": ""}
     num, den = (x, y) if opts.higher_is_better else (y, x)
-    est = ratio_ci(num, den, paired=was_paired, conf=opts.conf, reps=opts.reps, rng=opts.rng)
-    return {**out, "ratio": est.value, "ci_low": est.low, "ci_high": est.high}
+    est = ratio_ci(
+        num,
+        den,
+        paired=was_paired,
+        conf=opts.conf,
+        reps=opts.reps,
+        rng=opts.rng,
+        method=opts.method,
+    )
+    return {**out, "ratio": est.value, "ci_low": est.low, "ci_high": est.high, **_m(est)}
+
+
+def _m(est: Estimate) -> dict[str, str]:
+    return {"ci_method": est.method}
 
 
 def _baselines_of(
@@ -282,6 +529,7 @@ def speedup_over_baseline(
     conf: float = 0.95,
     reps: int = 10_000,
     rng: np.random.Generator | None = None,
+    method: str = "bca",
 ) -> pd.DataFrame:
     """Each scheduler's ratio to the strongest baseline of its configuration, with a CI over seeds.
 
@@ -293,22 +541,25 @@ def speedup_over_baseline(
     Args:
         df: one row per run.
         value: the measured column (e.g. ``throughput_e2e``).
-        target: the scheduler under study (e.g. ``EBRLScheduler``); never a baseline.
+        target: the scheduler under study (e.g. ``EBRL``), as ``scheduler_col`` spells it; never
+            a baseline.
         baselines: the baseline schedulers; None means every scheduler but ``target`` (then
             ``target`` is required).
         config_cols: columns that define a configuration (simulator, policy, machine...).
         scheduler_col: the column naming the scheduler (variant) of a run.
         seed_col: pairs runs of two schedulers by seed when both have the same seeds.
-        paired: True forces pairing (error if seeds differ), False never pairs, None decides.
+        paired: True forces pairing (error if seeds differ), False never pairs, None decides
+            (pairs when both have the same seeds, each once).
+        method: the ratio's bootstrap interval, ``bca`` or ``percentile``.
 
     Returns:
         One row per configuration and scheduler: the config columns, ``scheduler_col``,
         ``baseline`` (the strongest one), ``baseline_mean``, ``mean``, ``ratio``, ``ci_low``,
-        ``ci_high``, ``n``, ``n_baseline``, ``n_missing``, ``paired``. A configuration with no
-        baseline gets NaN ratios and ``baseline`` None.
+        ``ci_high``, ``ci_method``, ``n``, ``n_baseline``, ``n_missing``, ``paired``. A
+        configuration with no baseline gets NaN ratios and ``baseline`` None.
     """
     rng = rng or np.random.default_rng(0)
-    opts = _RatioOpts(higher_is_better, seed_col, paired, conf, reps, rng)
+    opts = _RatioOpts(higher_is_better, seed_col, paired, conf, reps, rng, method)
     rows = []
     for key, g in iter_groups(df, config_cols):
         names = sorted(g[scheduler_col].dropna().unique())
@@ -322,8 +573,7 @@ def speedup_over_baseline(
             row = {**dict(zip(config_cols, key)), scheduler_col: s, "baseline": best}
             row["mean"] = float(sub[value].mean())
             if best is None:
-                nan = float("nan")
-                row.update(baseline_mean=nan, ratio=nan, ci_low=nan, ci_high=nan)
+                row.update(baseline_mean=NAN, ratio=NAN, ci_low=NAN, ci_high=NAN, ci_method="")
                 row.update(n=len(sub), n_baseline=0, n_missing=0, paired=False)
             else:
                 b = g[g[scheduler_col] == best]
@@ -331,7 +581,7 @@ def speedup_over_baseline(
                 row.update(_ratio_row(sub, b, value, opts))
             rows.append(row)
     cols = [*config_cols, scheduler_col, "baseline", "baseline_mean", "mean", "ratio"]
-    cols += ["ci_low", "ci_high", "n", "n_baseline", "n_missing", "paired"]
+    cols += ["ci_low", "ci_high", "ci_method", "n", "n_baseline", "n_missing", "paired"]
     return pd.DataFrame(rows, columns=cols)
 
 
@@ -349,42 +599,44 @@ def pairwise_ratios(
     conf: float = 0.95,
     reps: int = 10_000,
     rng: np.random.Generator | None = None,
+    method: str = "bca",
 ) -> pd.DataFrame:
     """``target``'s ratio to each baseline of each configuration (see :func:`_ratio_row`).
 
     Returns:
         One row per configuration and baseline: the config columns, ``baseline``, ``ratio``,
-        ``ci_low``, ``ci_high``, ``n``, ``n_baseline``, ``n_missing``, ``paired``.
+        ``ci_low``, ``ci_high``, ``ci_method``, ``n``, ``n_baseline``, ``n_missing``, ``paired``.
     """
     rng = rng or np.random.default_rng(0)
-    opts = _RatioOpts(higher_is_better, seed_col, paired, conf, reps, rng)
+    opts = _RatioOpts(higher_is_better, seed_col, paired, conf, reps, rng, method)
     pairs = _target_vs_baselines(df, target, baselines, config_cols, scheduler_col)
     rows = [{**cfg, "baseline": base, **_ratio_row(t, b, value, opts)} for cfg, base, t, b in pairs]
-    cols = [*config_cols, "baseline", "ratio", "ci_low", "ci_high", "n", "n_baseline"]
-    return pd.DataFrame(rows, columns=[*cols, "n_missing", "paired"])
+    cols = [*config_cols, "baseline", "ratio", "ci_low", "ci_high", "ci_method", "n"]
+    return pd.DataFrame(rows, columns=[*cols, "n_baseline", "n_missing", "paired"])
 
 
 def prob_improvement_ci(
-    x: np.ndarray,
-    y: np.ndarray,
+    x: np.ndarray | Sequence[float],
+    y: np.ndarray | Sequence[float],
     conf: float = 0.95,
     reps: int = 2_000,
     rng: np.random.Generator | None = None,
+    method: str = "bca",
 ) -> Estimate:
-    """:func:`prob_improvement` with a percentile bootstrap CI (x and y resampled independently)."""
+    """:func:`prob_improvement` of two vectors with a bootstrap CI (x and y resampled
+    independently, as rliable's ``StratifiedIndependentBootstrap``). When every run of x beats
+    every run of y, each resample gives 1 too: the interval is [1, 1] (BCa undefined)."""
+    _check_method(method)
     x, y = np.asarray(x, float).ravel(), np.asarray(y, float).ravel()
     point = prob_improvement(x, y)
     n = min(len(x), len(y))
     if n < 2:
         return Estimate(point, point, point, n)
     rng = rng or np.random.default_rng(0)
-    bx = x[rng.integers(0, len(x), size=(reps, len(x)))]  # (reps, nx)
-    by = y[rng.integers(0, len(y), size=(reps, len(y)))]  # (reps, ny)
-    gt = (bx[:, :, None] > by[:, None, :]).mean((1, 2))
-    eq = (bx[:, :, None] == by[:, None, :]).mean((1, 2))
-    boots = gt + 0.5 * eq
-    a = (1 - conf) / 2
-    return Estimate(point, float(np.quantile(boots, a)), float(np.quantile(boots, 1 - a)), n)
+    lo, hi, fb = _bootstrap(
+        [x, y], _p_improve, paired=False, method=method, conf=conf, reps=reps, rng=rng
+    )
+    return _estimate(point, lo, hi, fb, n, method)
 
 
 def improvement_probabilities(
@@ -399,6 +651,7 @@ def improvement_probabilities(
     conf: float = 0.95,
     reps: int = 2_000,
     rng: np.random.Generator | None = None,
+    method: str = "bca",
 ) -> pd.DataFrame:
     """P(a run of ``target`` beats a run of each baseline), per configuration, with a CI.
 
@@ -413,9 +666,9 @@ def improvement_probabilities(
         x = sign * t[value].to_numpy(dtype=float)
         y = sign * b[value].to_numpy(dtype=float)
         if np.isnan(x).any() or np.isnan(y).any():
-            est = Estimate(float("nan"), float("nan"), float("nan"), 0)
+            est = Estimate(NAN, NAN, NAN, 0)
         else:
-            est = prob_improvement_ci(x, y, conf=conf, reps=reps, rng=rng)
+            est = prob_improvement_ci(x, y, conf=conf, reps=reps, rng=rng, method=method)
         rows.append(
             {
                 **cfg,
@@ -558,16 +811,19 @@ def curve_bands(
     conf: float = 0.95,
     reps: int = 1_000,
     rng: np.random.Generator | None = None,
+    method: str = "bca",
 ) -> pd.DataFrame:
     """Mean smoothed curve per group on a common time grid, with a pointwise bootstrap CI band.
 
     Each run's smoothed curve is held constant between its logged points (its value at t is the
     last one logged at or before t). A group's grid ends at the shortest of its runs, so every
-    point averages the same runs.
+    point averages the same runs. The band is :func:`bootstrap_ci`'s interval of the mean at each
+    point (the same resampled runs at every point); where all runs agree it has zero width.
 
     Returns:
         Rows ``by`` columns, ``t``, ``mean``, ``ci_low``, ``ci_high``, ``n`` (runs).
     """
+    _check_method(method)
     rng = rng or np.random.default_rng(0)
     c = curves[curves["key"] == key].merge(runs[["run_id", *by]], on="run_id", how="inner")
     frames = []
@@ -583,10 +839,14 @@ def curve_bands(
             idx = np.searchsorted(t, grid, side="right") - 1
             ys[i] = np.where(idx >= 0, y[np.clip(idx, 0, None)], np.nan)
         n = len(per_run)
-        boot = ys[rng.integers(0, n, size=(reps, n))].mean(1)  # (reps, points)
-        a = (1 - conf) / 2
-        with np.errstate(all="ignore"):
-            lo, hi = np.quantile(boot, [a, 1 - a], axis=0)
+        lo, hi = np.full(points, NAN), np.full(points, NAN)
+        if n == 1:  # one run: its own curve, no interval (as an Estimate with n = 1)
+            lo, hi = ys[0].copy(), ys[0].copy()
+        ok = np.isfinite(ys).all(0)  # points before a run's first value have no mean
+        if n > 1 and ok.any():
+            lo[ok], hi[ok], _ = _bootstrap(
+                [ys[:, ok].T], np.mean, paired=False, method=method, conf=conf, reps=reps, rng=rng
+            )
         frame = pd.DataFrame({"t": grid, "mean": ys.mean(0), "ci_low": lo, "ci_high": hi, "n": n})
         for col, v in zip(by, gkey):
             frame.insert(0, col, v)

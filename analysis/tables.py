@@ -5,7 +5,10 @@ and the columns that define a configuration and a scheduler, and returns a :clas
 ``headline`` (throughput per configuration and scheduler, speedup over the strongest baseline),
 ``scaling`` (the same along a scale column), ``ablation`` (EBRL's levels), ``staleness``
 (throughput and final success per k), ``grpo`` (throughput and success per algorithm) and
-``convergence`` (time to a success threshold, from the curves). Cells read ``mean [95% CI]``.
+``convergence`` (time to a success threshold, from the curves). Cells read ``mean [95% CI]``;
+each table's notes say which interval (BCa bootstrap by default, see ``analysis.stats``) and how
+often it covers with that few seeds. Schedulers, policies and simulators carry the paper's names
+(``analysis.names``), whatever spelling the runs recorded.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from analysis import stats
+from analysis import names, stats
 
 #: column -> what a table header calls it
 LABELS = {
@@ -34,7 +37,8 @@ LABELS = {
     "param.policy.size": "size",
     "param.gpu.name": "gpu",
 }
-TARGET = "EBRLScheduler"
+#: the scheduler under study (any spelling ``analysis.names`` knows: ebrl, EBRLScheduler, EBRL)
+TARGET = "EBRL"
 #: the ablation's levels: runs.csv column -> the value that means "on"
 LEVELS: dict[str, object] = {
     "param.scheduler.overlap": True,
@@ -98,6 +102,7 @@ _TEX = {
     "~": r"\textasciitilde{}",
     "^": r"\textasciicircum{}",
     "–": "--",
+    "π": r"$\pi$",
     "≥": r"$\geq$",
     "×": r"$\times$",
     "✓": r"\checkmark{}",
@@ -147,17 +152,54 @@ def _cell(v: object) -> str:
     return str(v)
 
 
-def _ci_notes(n_min: int, ci: str, missing: int = 0) -> list[str]:
-    notes = [f"mean [95% CI] over seeds ({'percentile bootstrap' if ci == 'bootstrap' else 't'})"]
-    if ci == "bootstrap" and 0 < n_min < 10:
-        measured = ", ".join(f"{v:.0%} at n={n}" for n, v in stats.PERCENTILE_COVERAGE.items())
+def _ratio_method(ci: str) -> str:
+    """The interval of ratios and probabilities: a bootstrap one (no t interval for a ratio)."""
+    return "percentile" if ci == "percentile" else "bca"
+
+
+def _fell_back(ci: str, *frames: pd.DataFrame) -> int:
+    """How many intervals of ``frames`` (``ci_method`` columns) are percentile where BCa was
+    asked for: BCa is undefined there (see ``analysis.stats``)."""
+    if _ratio_method(ci) != "bca":
+        return 0
+    return int(sum((f["ci_method"] == "percentile").sum() for f in frames if "ci_method" in f))
+
+
+def _ci_notes(n_min: int, ci: str, missing: int = 0, fell_back: int = 0) -> list[str]:
+    """Which interval the cells show, how often it covers with this few seeds, what is missing."""
+    notes = [f"cells: mean [{stats.ci_label(ci)}]"]
+    cov = stats.COVERAGE.get(ci, {})
+    if 0 < n_min < 10 and cov:
+        measured = ", ".join(f"{v:.0%} at n={n}" for n, v in cov.items())
+        what = stats.CI_NAMES[ci]
         notes.append(
-            f"fewest seeds in a cell: {n_min}; percentile bootstrap 95% CIs under-cover with few "
-            f"seeds (measured on normal data: {measured}): read them as a spread"
+            f"fewest seeds in a cell: {n_min}; measured coverage of the nominal 95% {what} "
+            f"interval of a mean on normal data: {measured} (`python -m analysis.coverage`)"
+            + ("" if ci == "t" else ": read the intervals as a spread")
+        )
+    if fell_back:
+        notes.append(
+            f"{fell_back} interval(s) are percentile bootstrap instead of BCa: BCa is undefined "
+            "where every resample gives the same value (all seeds equal, or the same ratio)"
         )
     if missing:
         notes.append(f"{missing} run(s) lack the value and are left out of their cell")
     return notes
+
+
+def _named(
+    runs: pd.DataFrame, scheduler_col: str, target: str, baselines: Sequence[str] | None
+) -> tuple[pd.DataFrame, str, list[str] | None]:
+    """The runs with the paper's names, and the target and baselines spelled the same way."""
+
+    def show(v: str) -> str:
+        return names.display_value(scheduler_col, v)
+
+    return (
+        names.display_runs(runs),
+        show(target),
+        None if baselines is None else [show(b) for b in baselines],
+    )
 
 
 def _pooled_notes(df: pd.DataFrame, by: Sequence[str], seed_col: str = "seed") -> list[str]:
@@ -192,7 +234,7 @@ def headline(
     extra: Sequence[str] = (),
     title: str = "End-to-end throughput and speedup over the strongest baseline",
     spec: str = ".1f",
-    ci: str = "bootstrap",
+    ci: str = "bca",
     rng: np.random.Generator | None = None,
 ) -> Table:
     """Throughput per configuration and scheduler, with the ratio to the strongest baseline.
@@ -204,12 +246,15 @@ def headline(
         scheduler_col: the column naming a run's scheduler.
         target: the scheduler under study; every other one is a baseline unless ``baselines``.
         extra: more columns to summarise per row (e.g. ``success_rate``), as ``mean [CI]``.
+        ci: the interval of the cells: ``bca``, ``percentile`` or ``t``; ratios always get a
+            bootstrap one (BCa unless ``percentile``).
 
     Returns:
         Rows per configuration and scheduler: n, value mean [CI], IQM, the ratio to the strongest
         baseline [CI] ("strongest baseline" on its own row) and P(target beats this scheduler).
     """
     rng = rng or np.random.default_rng(0)
+    runs, target, baselines = _named(runs, scheduler_col, target, baselines)
     by = [*config_cols, scheduler_col]
     summ = stats.summarize(runs, value, by, ci=ci, rng=rng)
     # the ratio and the probability of improvement compare the same schedulers of the same configs
@@ -219,16 +264,20 @@ def headline(
         "config_cols": config_cols,
         "scheduler_col": scheduler_col,
         "rng": rng,
+        "method": _ratio_method(ci),
     }
     sp = stats.speedup_over_baseline(runs, value, **common)
     pi = stats.improvement_probabilities(runs, value, **common)
+    fell_back = _fell_back(ci, summ, sp[sp[scheduler_col] != sp["baseline"]])
     sp = sp[[*by, "baseline", "ratio", "ci_low", "ci_high", "n_baseline"]].rename(
         columns={"ci_low": "r_low", "ci_high": "r_high"}
     )
     pi = pi.rename(columns={"baseline": scheduler_col, "p": "p_improve"})[[*by, "p_improve"]]
     m = summ.merge(sp, on=by, how="left").merge(pi, on=by, how="left")
     for c in extra:
-        e = stats.summarize(runs, c, by, ci=ci, rng=rng)[[*by, "n", "mean", "ci_low", "ci_high"]]
+        e = stats.summarize(runs, c, by, ci=ci, rng=rng)
+        fell_back += _fell_back(ci, e)
+        e = e[[*by, "n", "mean", "ci_low", "ci_high"]]
         m = m.merge(
             e.rename(columns={k: f"{c}:{k}" for k in ("n", "mean", "ci_low", "ci_high")}),
             on=by,
@@ -252,11 +301,14 @@ def headline(
         cells.append(DASH if pd.isna(r["p_improve"]) else f"{r['p_improve']:.2f}")
         rows.append(cells)
     notes = [
-        f"{label(value)} (`{value}`); × strongest baseline: ratio of means to the baseline with "
-        "the highest mean in the same configuration, 95% bootstrap CI (paired by seed when "
+        f"{label(value)} (`{value}`); IQM: interquartile mean over seeds (25% trimmed mean, "
+        "rliable's); × strongest baseline: ratio of means to the baseline with the highest mean "
+        f"in the same configuration, {stats.ci_label(_ratio_method(ci))} (paired by seed when "
         "both ran the same seeds)",
         f"P({target} better): probability that a run of {target} beats a run of that scheduler",
-        *_ci_notes(int(summ["n"].min()) if len(summ) else 0, ci, int(summ["n_missing"].sum())),
+        *_ci_notes(
+            int(summ["n"].min()) if len(summ) else 0, ci, int(summ["n_missing"].sum()), fell_back
+        ),
         *_pooled_notes(runs, by),
     ]
     return Table(title, header, rows, notes)
@@ -341,7 +393,7 @@ def ablation(
     levels: Mapping[str, object] = LEVELS,
     title: str = "Contribution of each scheduling level",
     spec: str = ".1f",
-    ci: str = "bootstrap",
+    ci: str = "bca",
     rng: np.random.Generator | None = None,
 ) -> Table:
     """Throughput per combination of levels, against all-off, one level fewer and all-on.
@@ -352,36 +404,44 @@ def ablation(
     level params (other schedulers) are left out.
     """
     rng = rng or np.random.default_rng(0)
-    df, ranked, names = with_levels(runs, levels)
-    header = [label(c) for c in config_cols] + names + ["n", label(value)]
+    df, ranked, lv_names = with_levels(names.display_runs(runs), levels)
+    header = [label(c) for c in config_cols] + lv_names + ["n", label(value)]
     header += ["× none", "× one fewer", "× all on"]
-    all_on = "+".join(names)
-    rows, n_min, missing = [], [], 0
+    all_on = "+".join(lv_names)
+    rows, n_min, missing, fell_back = [], [], 0, 0
     for key, g in stats.iter_groups(df, config_cols):
         summ = stats.summarize(g, value, ["levels"], ci=ci, rng=rng).set_index("levels")
         n_min.append(int(summ["n"].min()))
         missing += int(summ["n_missing"].sum())
+        fell_back += _fell_back(ci, summ)
         present = [lv for lv in ranked if lv in summ.index]
         for lv in present:
             s = summ.loc[lv]
             on = _on(lv)
             fewer = [p for p in present if _on(p) < on and len(_on(p)) == len(on) - 1]
-            cells = [_cell(v) for v in key] + ["✓" if n in on else "✗" for n in names]
+            cells = [_cell(v) for v in key] + ["✓" if n in on else "✗" for n in lv_names]
             cells += [str(int(s["n"])), _fmt(s, spec)]
             for ref in ("none", fewer[0] if fewer else None, all_on):
                 if ref is None or ref == lv or ref not in present:
                     cells.append(DASH)
                     continue
                 r = stats.pairwise_ratios(
-                    g, value, target=lv, baselines=[ref], scheduler_col="levels", rng=rng
-                ).iloc[0]
-                cells.append(_fmt_ratio(r))
+                    g,
+                    value,
+                    target=lv,
+                    baselines=[ref],
+                    scheduler_col="levels",
+                    rng=rng,
+                    method=_ratio_method(ci),
+                )
+                fell_back += _fell_back(ci, r)
+                cells.append(_fmt_ratio(r.iloc[0]))
             rows.append(cells)
     notes = [
         f"{label(value)} (`{value}`); ✓ level on; × none / × one fewer / × all on: ratio of "
         "means to the all-off row / to the row with this row's levels but one / to the all-on "
-        "row, 95% bootstrap CI (paired by seed where possible)",
-        *_ci_notes(min(n_min, default=0), ci, missing),
+        f"row, {stats.ci_label(_ratio_method(ci))} (paired by seed where possible)",
+        *_ci_notes(min(n_min, default=0), ci, missing, fell_back),
         *_pooled_notes(df, [*config_cols, "levels"]),
     ]
     if len(df) < len(runs):
@@ -408,21 +468,23 @@ def staleness(
     scheduler_col: str = "scheduler_variant",
     title: str = "Throughput and final success against the staleness bound k",
     spec: str = ".1f",
-    ci: str = "bootstrap",
+    ci: str = "bca",
     rng: np.random.Generator | None = None,
 ) -> Table:
     """Per configuration, scheduler and k: throughput, final success, and throughput against the
     smallest k of the same scheduler. Schedulers without a k (synchronous: 0 by construction)
     show a dash for k and serve as a reference row."""
     rng = rng or np.random.default_rng(0)
+    runs = names.display_runs(runs)
     by = [*config_cols, scheduler_col, k_col]
     header = [label(c) for c in by] + ["n", label(value), label(success), "× smallest k"]
-    rows, n_min, missing = [], [], 0
+    rows, n_min, missing, fell_back = [], [], 0, 0
     for key, g in stats.iter_groups(runs, [*config_cols, scheduler_col]):
         tp = stats.summarize(g, value, [k_col], ci=ci, rng=rng)
         sc = stats.summarize(g, success, [k_col], ci=ci, rng=rng)  # same groups, same order
         n_min.append(int(tp["n"].min()))
         missing += int(tp["n_missing"].sum() + sc["n_missing"].sum())
+        fell_back += _fell_back(ci, tp, sc)
         ks = sorted(g[k_col].dropna().unique())
         gk = g.assign(_k=g[k_col].map(_kstr))
         for (_, t), (_, s) in zip(tp.iterrows(), sc.iterrows()):
@@ -440,13 +502,16 @@ def staleness(
                     baselines=[_kstr(ks[0])],
                     scheduler_col="_k",
                     rng=rng,
-                ).iloc[0]
-                cells.append(_fmt_ratio(r))
+                    method=_ratio_method(ci),
+                )
+                fell_back += _fell_back(ci, r)
+                cells.append(_fmt_ratio(r.iloc[0]))
             rows.append(cells)
     notes = [
         f"{label(value)} (`{value}`) and {label(success)} (`{success}`); × smallest k: ratio of "
-        "mean throughput to the same scheduler at its smallest k, 95% bootstrap CI",
-        *_ci_notes(min(n_min, default=0), ci, missing),
+        f"mean throughput to the same scheduler at its smallest k, "
+        f"{stats.ci_label(_ratio_method(ci))}",
+        *_ci_notes(min(n_min, default=0), ci, missing, fell_back),
         *_pooled_notes(runs, by),
     ]
     return Table(title, header, rows, notes)
@@ -465,7 +530,7 @@ def convergence(
     target: str = TARGET,
     baselines: Sequence[str] | None = None,
     censored: str = "nan",
-    ci: str = "bootstrap",
+    ci: str = "bca",
     rng: np.random.Generator | None = None,
 ) -> Table:
     """Wall-clock time until the smoothed success curve first reaches ``threshold``.
@@ -476,6 +541,7 @@ def convergence(
     ``"budget"``: see :func:`analysis.stats.time_to_threshold_ratios`).
     """
     rng = rng or np.random.default_rng(0)
+    runs, target, baselines = _named(runs, scheduler_col, target, baselines)
     by = [*config_cols, scheduler_col]
     ttt = stats.time_to_threshold(curves, key=key, threshold=threshold, window=window)
     cols = ["run_id", *by, *(["seed"] if "seed" in runs else []), success, "wall_s"]
@@ -488,7 +554,7 @@ def convergence(
         df["success_rate"] = np.nan
     header = [label(c) for c in by] + ["reached", f"s to {threshold:g}", label(success)]
     header += [f"{target} × sooner"]
-    rows, n_min = [], []
+    rows, n_min, fell_back = [], [], 0
     for ckey, cg in stats.iter_groups(df, config_cols):
         times = stats.summarize(
             cg[cg["reached"]], "time_to_threshold", [scheduler_col], ci=ci, rng=rng
@@ -501,7 +567,9 @@ def convergence(
             scheduler_col=scheduler_col,
             censored=censored,
             rng=rng,
+            method=_ratio_method(ci),
         ).set_index("baseline")
+        fell_back += _fell_back(ci, times, succ, ratios)
         times, succ = times.set_index(scheduler_col), succ.set_index(scheduler_col)
         n_min += times["n"].tolist()
         for sched, g in cg.groupby(scheduler_col, sort=True):
@@ -520,14 +588,15 @@ def convergence(
     notes = [
         f"first wall-clock second at which the {window}-point trailing mean of `{key}` reaches "
         f"{threshold:g}; mean [95% CI] over the runs that reached it",
-        f"{target} × sooner: mean time of the baseline / mean time of {target}, 95% bootstrap CI; "
+        f"{target} × sooner: mean time of the baseline / mean time of {target}, "
+        f"{stats.ci_label(_ratio_method(ci))}; "
         + (
             "a dash where a run never reached the threshold"
             if censored == "nan"
             else "runs that never reached it count their whole run time, so a ratio is a bound "
             "(≥: baseline runs censored, ≤: target runs censored, ≈: both)"
         ),
-        *_ci_notes(int(min(n_min, default=0)), ci),
+        *_ci_notes(int(min(n_min, default=0)), ci, fell_back=fell_back),
         *_pooled_notes(df, by),
     ]
     return Table(f"Time to {threshold:g} success rate", header, rows, notes)

@@ -99,21 +99,64 @@ def test_tables_render(data):
     )
     md = head.markdown()
     assert "1 (strongest baseline)" in md and md.count("\n|") == 5  # header, rule, 3 rows
-    ebrl = next(r for r in head.rows if r[2] == "EBRLScheduler")
+    # the paper's names, whatever the runs recorded (EBRLScheduler, MLPPolicy, PushCube-v1)
+    assert {r[2] for r in head.rows} == {"EBRL", "Hybrid", "Sync"}
+    assert {(r[0], r[1]) for r in head.rows} == {("ManiSkill PushCube", "MLP")}
+    ebrl = next(r for r in head.rows if r[2] == "EBRL")
     assert ebrl[-2].startswith("1.9")  # 250 / 130
+    assert "P(EBRL better)" in head.header
     tex = head.latex(label="tab:x")
-    assert r"\begin{tabular}" in tex and r"\label{tab:x}" in tex and "EBRLScheduler" in tex
+    assert r"\begin{tabular}" in tex and r"\label{tab:x}" in tex and "EBRL" in tex
+    assert "Scheduler" not in tex + md
     abl = tables.ablation(ppo)
     assert [r[2:5] for r in abl.rows] == [["✗", "✗", "✗"], ["✓", "✗", "✗"], ["✓", "✓", "✓"]]
     assert any("without level params" in n for n in abl.notes)
     st = tables.staleness(ppo)
-    assert [r[3] for r in st.rows if r[2] == "EBRLScheduler"] == ["1", "2"]
+    assert [r[3] for r in st.rows if r[2] == "EBRL"] == ["1", "2"]
     conv = tables.convergence(ppo, curves)
     assert all(r[3] == "3/3" for r in conv.rows)
     g = tables.grpo(runs)
     assert {r[2] for r in g.rows} == {"PPO", "GRPO"}
     sc = tables.scaling(ppo)
     assert {r[2] for r in sc.rows} == {"16", "64"}
+    # every table says which interval it shows
+    for t in (head, abl, st, conv, g, sc):
+        assert any("95% BCa bootstrap CI over seeds" in n for n in t.notes), t.title
+
+
+@pytest.mark.parametrize(
+    ("ci", "said"),
+    [
+        ("percentile", "95% percentile bootstrap CI over seeds"),
+        ("t", "95% Student t CI over seeds"),
+    ],
+)
+def test_tables_name_the_interval_asked_for(data, ci, said):
+    runs, _ = data
+    ppo = runs[runs["algo"] == "PPO"]
+    head = tables.headline(ppo, ci=ci)
+    assert f"cells: mean [{said}]" in head.notes
+    # ratios have no t interval: a bootstrap one, named
+    ratio = "95% percentile bootstrap CI" if ci == "percentile" else "95% BCa bootstrap CI"
+    assert ratio in head.notes[0]
+    with pytest.raises(ValueError, match="interval method"):
+        tables.headline(ppo, ci="bootstrap")
+
+
+def test_tables_say_where_bca_is_undefined():
+    """Three seeds with one value, and a ratio equal on every seed: BCa is undefined there; the
+    cell shows the (zero-width) percentile interval and the notes count it."""
+    rows = [
+        {"simulator": "s", "policy": "p", "scheduler_variant": sv, "seed": seed, "tp": tp}
+        for sv, tp in (("EBRLScheduler", 200.0), ("AsyncScheduler", 100.0))
+        for seed in range(3)
+    ]
+    head = tables.headline(pd.DataFrame(rows), value="tp")
+    ebrl = next(r for r in head.rows if r[2] == "EBRL")
+    assert ebrl[4] == "200.0 [200.0, 200.0]" and ebrl[-2] == "2.00 [2.00, 2.00]"
+    assert any(
+        n.startswith("3 interval(s) are percentile bootstrap instead of BCa") for n in head.notes
+    )
 
 
 @pytest.mark.parametrize(

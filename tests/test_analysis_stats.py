@@ -1,57 +1,132 @@
-"""analysis.stats on known inputs: CIs, IQM, ratios, strongest baseline, time to threshold."""
+"""analysis.stats on known inputs: IQM, BCa and percentile CIs, paired ratios, the stratified
+bootstrap, strongest baseline, time to threshold."""
 
 from __future__ import annotations
+
+import itertools
+import warnings
 
 import numpy as np
 import pandas as pd
 import pytest
+from scipy.special import ndtr, ndtri
 
 from analysis import stats
 
 
-def _coverage(n: int, trials: int, method: str, rng: np.random.Generator) -> float:
-    hits = 0
-    for _ in range(trials):
-        x = rng.normal(3.0, 2.0, size=n)
-        e = stats.bootstrap_ci(x, reps=1000, rng=rng) if method == "boot" else stats.t_ci(x)
-        hits += e.low <= 3.0 <= e.high
-    return hits / trials
-
-
-def test_bootstrap_ci_covers_95_percent_with_enough_seeds():
-    cov = _coverage(50, 1000, "boot", np.random.default_rng(1))
-    assert 0.93 <= cov <= 0.97  # binomial s.e. of the estimate ~0.007
-
-
-def test_few_seeds_percentile_bootstrap_under_covers_t_does_not():
-    """The numbers quoted in PERCENTILE_COVERAGE and in every table's notes."""
-    rng = np.random.default_rng(2)
-    boot, t = _coverage(3, 1000, "boot", rng), _coverage(3, 1000, "t", rng)
-    assert abs(boot - stats.PERCENTILE_COVERAGE[3]) < 0.04
-    assert 0.93 <= t <= 0.97
-
-
-def test_iqm_hand_values():
+def test_iqm_is_rliables_trimmed_mean():
+    """rliable's IQM is scipy.stats.trim_mean(x, 0.25): int(n / 4) values off each end."""
+    assert stats.iqm([1, 2, 3, 7, 100]) == 4.0  # mean of 2, 3, 7 (issue 20)
+    assert stats.iqm_interpolated([1, 2, 3, 7, 100]) == pytest.approx(3.9)  # the old estimator
     assert stats.iqm(np.arange(1, 9)) == pytest.approx(4.5)  # mean of 3, 4, 5, 6
-    # n=5: weights .15/.2/.15 on the 2nd..4th values; the outlier has none
-    assert stats.iqm([100, 1, 2, 3, 4]) == pytest.approx(3.0)
+    assert stats.iqm([100, 1, 2, 3, 4]) == pytest.approx(3.0)  # mean of 2, 3, 4
+    assert stats.iqm([1, 2, 30]) == pytest.approx(11.0)  # n = 3: nothing trimmed, the mean
     assert np.isnan(stats.iqm([]))
+    # a runs x tasks matrix: all its scores at once (rliable's aggregate_iqm)
+    m = np.array([[1.0, 10.0], [2.0, 20.0], [3.0, 30.0], [4.0, 40.0]])
+    assert stats.iqm(m) == pytest.approx(np.mean([3.0, 4.0, 10.0, 20.0]))
+    assert stats.aggregate(m, "mean") == pytest.approx((2.5 + 25.0) / 2)
 
 
-def test_ratio_ci_sanity():
+def _ideal_bca(x: np.ndarray, conf: float = 0.95) -> tuple[float, float]:
+    """BCa interval of the mean from every one of the n^n equally likely resamples (the ideal
+    bootstrap; Efron and Tibshirani 1993, 14.3): no Monte Carlo error, no scipy."""
+    n = len(x)
+    boot = x[np.array(list(itertools.product(range(n), repeat=n)))].mean(1)
+    theta = x.mean()
+    z0 = ndtri(((boot < theta).mean() + (boot <= theta).mean()) / 2)  # ties count half
+    jack = np.array([np.delete(x, i).mean() for i in range(n)])
+    d = jack.mean() - jack
+    acc = (d**3).sum() / (6 * (d**2).sum() ** 1.5)
+    z = ndtri((1 - conf) / 2)
+    a1 = ndtr(z0 + (z0 + z) / (1 - acc * (z0 + z)))
+    a2 = ndtr(z0 + (z0 - z) / (1 - acc * (z0 - z)))
+    lo, hi = np.percentile(boot, [100 * a1, 100 * a2])
+    return float(lo), float(hi)
+
+
+def test_bca_interval_on_a_known_case():
+    """A right-skewed sample: BCa moves the interval right of the percentile one, to where the
+    ideal bootstrap's BCa puts it ([2.0, 16.4] here; resample means are multiples of 0.2)."""
+    x = np.array([1.0, 2.0, 3.0, 4.0, 20.0])
+    lo, hi = _ideal_bca(x)
+    assert (lo, hi) == pytest.approx((2.0, 16.4))
+    e = stats.bootstrap_ci(x, reps=200_000, rng=np.random.default_rng(0))
+    assert e.method == "bca" and e.value == 6.0 and e.n == 5
+    assert e.low == pytest.approx(lo, abs=0.21) and e.high == pytest.approx(hi, abs=0.21)
+    p = stats.bootstrap_ci(x, reps=200_000, rng=np.random.default_rng(0), method="percentile")
+    assert p.method == "percentile" and p.high < 14.0 < e.high
+
+
+def test_bca_undefined_cases_fall_back_to_percentile_explicitly():
+    """BCa is undefined (scipy warns and returns NaN) when every resample gives the same value or
+    the jackknife is degenerate; the interval is then the percentile one, and says so."""
     rng = np.random.default_rng(0)
-    den = rng.uniform(90, 110, size=8)
-    exact = stats.ratio_ci(2 * den, den, rng=rng)  # paired, ratio 2 in every resample
-    assert exact.value == pytest.approx(2) and exact.low == pytest.approx(2)
-    assert exact.high == pytest.approx(2)
-    noisy = stats.ratio_ci(2 * den * rng.normal(1, 0.05, 8), den, rng=rng)
-    assert noisy.low < 2 < noisy.high and noisy.high - noisy.low < 0.2
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # nothing leaks to the caller
+        same = stats.bootstrap_ci([5.0, 5.0, 5.0], rng=rng)
+        assert (same.value, same.low, same.high, same.method) == (5.0, 5.0, 5.0, "percentile")
+        # the median of [1, 1, 1, 5] left one out is 1 every time: the jackknife is degenerate
+        med = stats.bootstrap_ci([1.0, 1.0, 1.0, 5.0], stat=np.median, rng=rng)
+        assert med.method == "percentile" and np.isfinite([med.low, med.high]).all()
+        assert med.low == 1.0 and med.high > 1.0
+        three = stats.bootstrap_ci([1.0, 2.0, 4.0], rng=rng)  # n = 3 and distinct: BCa exists
+        assert three.method == "bca" and 1.0 <= three.low < three.value < three.high <= 4.0
+    assert stats.bootstrap_ci([3.0], rng=rng) == stats.Estimate(3.0, 3.0, 3.0, 1)
+    assert stats.bootstrap_ci([], rng=rng).n == 0
+    with pytest.raises(ValueError, match="interval method"):
+        stats.bootstrap_ci([1.0, 2.0], method="bootstrap")
+
+
+def test_ratio_ci_pairs_by_seed():
+    rng = np.random.default_rng(0)
+    # each seed's machine state scales both runs of that seed: pairing cancels it
+    seed_effect = rng.uniform(50, 150, size=6)
+    den = seed_effect * rng.normal(1, 0.01, 6)
+    num = 2 * seed_effect * rng.normal(1, 0.01, 6)
+    paired = stats.ratio_ci(num, den, rng=np.random.default_rng(1))
+    unpaired = stats.ratio_ci(num, den, paired=False, rng=np.random.default_rng(1))
+    assert paired.method == unpaired.method == "bca"
+    assert paired.low < paired.value < paired.high and paired.value == pytest.approx(2, abs=0.03)
+    assert paired.high - paired.low < 0.06  # the 1% per-run noise, not the seeds' 3x spread
+    assert unpaired.high - unpaired.low > 10 * (paired.high - paired.low)
+    # the same ratio on every seed: every paired resample gives it (BCa undefined, zero width)
+    exact = stats.ratio_ci(2 * den, den, rng=rng)
+    assert (exact.value, exact.low, exact.high) == pytest.approx((2, 2, 2))
+    assert exact.method == "percentile"
+    # unpaired groups may differ in size; more runs, a narrower interval
     big = stats.ratio_ci(rng.normal(200, 10, 64), rng.normal(100, 5, 40), paired=False, rng=rng)
     small = stats.ratio_ci(rng.normal(200, 10, 4), rng.normal(100, 5, 4), paired=False, rng=rng)
     assert big.high - big.low < small.high - small.low
     assert stats.ratio_ci([1.0], [2.0]).n == 1
     with pytest.raises(ValueError):
         stats.ratio_ci([1, 2, 3], [1, 2])
+
+
+def test_stratified_ci_resamples_runs_within_each_task():
+    """Task 0 scores 0 on every run, task 1 scores 1: a stratified resample always holds n of
+    each, so the IQM never moves; resampling all scores together would mix the tasks."""
+    scores = np.column_stack([np.zeros(4), np.ones(4)])
+    e = stats.stratified_ci(scores, rng=np.random.default_rng(0))
+    assert (e.value, e.low, e.high, e.n) == (0.5, 0.5, 0.5, 4)
+    m = np.random.default_rng(1).normal(size=(6, 3)) + np.array([0.0, 3.0, 6.0])
+    for how in ("iqm", "mean"):
+        for method in ("bca", "percentile"):
+            est = stats.stratified_ci(m, how, rng=np.random.default_rng(2), method=method)
+            assert est.low < stats.aggregate(m, how) < est.high and est.method == method
+    # one task: the stratified bootstrap is the plain one
+    v = m[:, 0]
+    one = stats.stratified_ci(v, "mean", rng=np.random.default_rng(3))
+    assert one == stats.bootstrap_ci(v, rng=np.random.default_rng(3))
+
+
+def test_prob_improvement_over_tasks():
+    x = np.array([[2.0, 0.0], [3.0, 0.0]])
+    y = np.array([[1.0, 1.0], [1.0, 1.0], [1.0, 1.0]])
+    assert stats.prob_improvement(x, y) == pytest.approx((1.0 + 0.0) / 2)
+    assert stats.prob_improvement([1.0, 2.0], [2.0, 2.0]) == pytest.approx(0.25)  # ties: half
+    with pytest.raises(ValueError, match="tasks"):
+        stats.prob_improvement(x, y[:, :1])
 
 
 def test_prob_improvement_ci():
@@ -82,11 +157,14 @@ def test_summarize_groups_and_missing():
     a = s.loc[("x", "A")]
     assert a["n"] == 3 and a["n_missing"] == 1
     assert a["mean"] == 300 and a["std"] == pytest.approx(1.0) and a["iqm"] == pytest.approx(300)
-    assert a["ci_low"] >= 299 and a["ci_high"] <= 301
+    assert a["ci_low"] >= 299 and a["ci_high"] <= 301 and a["ci_method"] == "bca"
     t = stats.summarize(df, "tp", ["cfg", "scheduler_variant"], ci="t").set_index(
         ["cfg", "scheduler_variant"]
     )
     assert t.loc[("x", "A"), "ci_low"] < a["ci_low"]  # the t interval is wider at n=3
+    assert t.loc[("x", "A"), "ci_method"] == "t"
+    with pytest.raises(ValueError, match="interval method"):
+        stats.summarize(df, "tp", ["cfg"], ci="bootstrap")
 
 
 def test_speedup_over_strongest_baseline():
