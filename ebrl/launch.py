@@ -430,30 +430,6 @@ def as_json(p: Plan) -> str:
     )
 
 
-# --- inside a job -----------------------------------------------------------------------------
-class FailOnSlurm:
-    """Hydra callback (``hydra.callbacks`` in ``conf/launcher/slurm.yaml``): a job that failed
-    fails its Slurm job too.
-
-    Hydra's ``run_job`` catches the task's exception and returns it inside a FAILED
-    ``JobReturn``; Submitit pickles that as a *successful* result, so Slurm records the job
-    COMPLETED 0:0 and only the launcher, unpickling the result, sees the error. Inside a Slurm
-    job run by Submitit (``SUBMITIT_EXECUTOR=slurm``) this re-raises the job's own exception at
-    the end of the job instead: Submitit records it with its traceback (the launcher's
-    ``FailedJobError`` shows it) and exits non-zero, so ``sacct``/``squeue`` say FAILED.
-    Elsewhere (a local multirun, ``submitit_local``) it does nothing: Hydra goes on with the
-    sweep's other jobs as usual.
-    """
-
-    def on_job_end(self, config: DictConfig, job_return: Any, **kwargs: Any) -> None:
-        from hydra.core.utils import JobStatus
-
-        if os.environ.get("SUBMITIT_EXECUTOR") != "slurm":
-            return
-        if job_return.status == JobStatus.FAILED:
-            job_return.return_value  # noqa: B018 (a FAILED result raises its exception here)
-
-
 # --- entry point ------------------------------------------------------------------------------
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(

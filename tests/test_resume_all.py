@@ -159,37 +159,42 @@ def test_errors_survive_pickling():
 
 
 def test_a_failed_job_fails_its_slurm_job(monkeypatch):
-    """Inside a Slurm job run by Submitit, the job's exception leaves Hydra's run_job (Submitit
-    then exits non-zero); anywhere else a failed job stays Hydra's FAILED result."""
+    """In a Slurm job, the job's exception leaves the launcher's call (Submitit then pickles it
+    as an error and exits non-zero); a completed job's result is returned as it is."""
     from hydra.core.utils import JobReturn, JobStatus
+    from hydra_plugins.hydra_submitit_launcher import submitit_launcher
 
-    from ebrl.launch import FailOnSlurm
     from ebrl.schedulers.base import StageError
+    from ebrl.slurm_launcher import SlurmLauncher
 
     ret = JobReturn(status=JobStatus.FAILED, _return_value=StageError("learner", "died"))
-    ok = JobReturn(status=JobStatus.COMPLETED, _return_value=None)
-    monkeypatch.delenv("SUBMITIT_EXECUTOR", raising=False)
-    FailOnSlurm().on_job_end(None, ret)  # a local multirun goes on
-    monkeypatch.setenv("SUBMITIT_EXECUTOR", "slurm")
-    FailOnSlurm().on_job_end(None, ok)
+    ok = JobReturn(status=JobStatus.COMPLETED, _return_value=3)
+    returns = iter([ok, ret])
+    monkeypatch.setattr(
+        submitit_launcher.SlurmLauncher, "__call__", lambda self, *a, **k: next(returns)
+    )
+    launcher = SlurmLauncher.__new__(SlurmLauncher)  # what runs inside the job: its __call__
+    assert launcher() is ok
     with pytest.raises(StageError, match="stage 'learner' failed: died"):
-        FailOnSlurm().on_job_end(None, ret)
+        launcher()
 
 
-def test_the_slurm_launcher_registers_the_callback():
-    cfg = make_cfg([*TINY, "launcher=slurm"])
+def test_the_slurm_launcher_is_ours():
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
     from ebrl.train import CONF_DIR
 
-    GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-        full = compose(
-            config_name="config", overrides=[*TINY, "launcher=slurm"], return_hydra_config=True
-        )
-    assert full.hydra.callbacks.fail_on_slurm._target_ == "ebrl.launch.FailOnSlurm"
-    assert cfg.launcher.kind == "slurm"
+    for launcher in ("slurm", "slurm_gres"):
+        GlobalHydra.instance().clear()
+        with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+            full = compose(
+                config_name="config",
+                overrides=[*TINY, f"launcher={launcher}"],
+                return_hydra_config=True,
+            )
+        assert full.hydra.launcher._target_ == "ebrl.slurm_launcher.SlurmLauncher"
+        assert "fail_on_slurm" not in (full.hydra.callbacks or {})
 
 
 def test_a_signal_that_surfaces_as_another_error_still_stops_the_run_as_preempted(
