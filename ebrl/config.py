@@ -383,8 +383,9 @@ class ResourcesNode:
     allocator: AllocatorKind = AllocatorKind.static
     #: elastic: re-balance when stage throughputs diverge by more than this fraction ...
     rebalance_threshold: float = 0.15
-    #: ... for this many consecutive steps (updates)
-    rebalance_patience: int = 20
+    #: ... for this many consecutive steps (updates); None: scaled to the run, a tenth of its
+    #: updates between 2 and 20 (a 10-update CPU sweep: 2, a run of 200 updates or more: 20)
+    rebalance_patience: int | None = None
     #: elastic: a stored profile (ebrl.resources.profiler.Profile JSON, threads) to allocate
     #: from (None: profile the run's policy at start and save it in the run folder)
     profile: str | None = None
@@ -625,7 +626,10 @@ def check_issue6_values(run: RunConfig) -> None:
             f"resources.{key}={v}: an SM share needs a GPU, but gpu=cpu: leave it null",
         )
     _check(0 < res.rebalance_threshold < 1, "resources.rebalance_threshold must be in (0, 1)")
-    _check(res.rebalance_patience >= 1, "resources.rebalance_patience must be >= 1")
+    _check(
+        res.rebalance_patience is None or res.rebalance_patience >= 1,
+        "resources.rebalance_patience must be >= 1 (or null: scaled to the run)",
+    )
     _check(lau.time_min >= 1, f"launcher.time_min={lau.time_min}: must be >= 1 minute")
     _check(lau.nodes >= 1 and lau.tasks_per_node >= 1, "launcher.nodes/tasks_per_node must be >= 1")
     _check(lau.array_parallelism >= 1, "launcher.array_parallelism must be >= 1")

@@ -291,3 +291,21 @@ def test_synthetic_slowdown_multiplies_the_step_cost_after_n_steps():
 def test_synthetic_config_node_carries_the_slowdown():
     cfg = make_cfg(["simulator=synthetic", "simulator.slowdown_after_steps=100"])
     assert cfg.simulator.slowdown_after_steps == 100 and cfg.simulator.slowdown_factor == 1.0
+
+
+def test_patience_scales_with_the_run_unless_set():
+    """A drift must be able to fire in a 10-update CPU sweep as in a long cluster run."""
+    from ebrl.resources.manager import scaled_patience
+
+    def cfg(iterations=None, env_steps=None):
+        return {"num_envs": 16, "rollout_steps": 50, "budget": {
+            "iterations": iterations, "env_steps": env_steps}}  # fmt: skip
+
+    assert scaled_patience(None, cfg(iterations=10)) == 2
+    assert scaled_patience(None, cfg(iterations=60)) == 6
+    assert scaled_patience(None, cfg(iterations=5000)) == 20
+    # an env-step budget ends the run first: 200k steps / (16 x 50) per update = 250 updates
+    assert scaled_patience(None, cfg(iterations=None, env_steps=200_000)) == 20
+    assert scaled_patience(None, cfg(iterations=None, env_steps=16_000)) == 2
+    assert scaled_patience(7, cfg(iterations=10)) == 7  # a pinned value is kept
+    assert scaled_patience(None, {}) == 20  # nothing known: the paper's 20

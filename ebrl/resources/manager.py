@@ -130,6 +130,22 @@ class ResourceSettings(ResourcesNode):
         return cls(**kw)
 
 
+def scaled_patience(patience: int | None, cfg: Mapping[str, Any]) -> int:
+    """Updates a divergence must last before the split is searched again: ``patience`` when
+    set, else a tenth of the run's updates, between 2 and 20, so that a drift can fire in a
+    10-update CPU sweep as in a 10-hour cluster run. The run's updates: ``budget.iterations``,
+    or its env-step budget over the env steps of one update (whichever ends it first)."""
+    if patience is not None:
+        return int(patience)
+    budget = cfg.get("budget") or {}
+    per_update = int(cfg.get("num_envs", 1)) * max(1, int(cfg.get("rollout_steps", 1)))
+    limits = [budget.get("iterations"), None]
+    if budget.get("env_steps"):
+        limits[1] = math.ceil(int(budget["env_steps"]) / max(1, per_update))
+    updates = min((int(x) for x in limits if x), default=200)
+    return max(2, min(20, updates // 10))
+
+
 def gen_batch_candidates(group_size: int) -> tuple[int, ...]:
     """Generator batch sizes worth profiling: a quarter, half and all of an env group."""
     g = max(1, group_size)
@@ -422,7 +438,9 @@ class Rebalancer:
         self.allocator = ElasticAllocator(
             profile,
             current.pool,
-            DivergenceMonitor(settings.rebalance_threshold, settings.rebalance_patience),
+            DivergenceMonitor(
+                settings.rebalance_threshold, scaled_patience(settings.rebalance_patience, {})
+            ),
             max_gen_batch=max_gen_batch,
             sim_workers=sim_workers,
             sim_batch=max_gen_batch,

@@ -19,6 +19,7 @@ The caller says whether the manager applies and where the run folder is (``RunCo
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import math
@@ -39,6 +40,7 @@ from ebrl.resources.manager import (
     ppo_config,
     profile_for_run,
     restrict_train_batch,
+    scaled_patience,
     train_minibatch,
 )
 from ebrl.resources.model import Shape, Workload
@@ -214,6 +216,8 @@ def setup(
     if node is None or not managed:
         return None
     settings = ResourceSettings.from_config(node)
+    patience = scaled_patience(settings.rebalance_patience, factory.cfg)
+    settings = dataclasses.replace(settings, rebalance_patience=patience)
     topo = topology or Topology(tuple(discover_cores()))
     out_dir = Path(run_dir) if run_dir is not None else None
     profile = None
