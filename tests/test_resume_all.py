@@ -165,7 +165,7 @@ def test_a_failed_job_fails_its_slurm_job(monkeypatch):
     from hydra_plugins.hydra_submitit_launcher import submitit_launcher
 
     from ebrl.schedulers.base import StageError
-    from ebrl.slurm_launcher import SlurmLauncher
+    from hydra_plugins.ebrl_launcher.slurm_launcher import SlurmLauncher
 
     ret = JobReturn(status=JobStatus.FAILED, _return_value=StageError("learner", "died"))
     ok = JobReturn(status=JobStatus.COMPLETED, _return_value=3)
@@ -182,6 +182,7 @@ def test_a_failed_job_fails_its_slurm_job(monkeypatch):
 def test_the_slurm_launcher_is_ours():
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.plugins import Plugins
 
     from ebrl.train import CONF_DIR
 
@@ -193,7 +194,10 @@ def test_the_slurm_launcher_is_ours():
                 overrides=[*TINY, f"launcher={launcher}"],
                 return_hydra_config=True,
             )
-        assert full.hydra.launcher._target_ == "ebrl.slurm_launcher.SlurmLauncher"
+        target = full.hydra.launcher._target_
+        assert target == "hydra_plugins.ebrl_launcher.slurm_launcher.SlurmLauncher"
+        # Hydra instantiates a launcher only from its plugins' namespace package
+        assert Plugins.instance().is_in_toplevel_plugins_module(target)
         assert "fail_on_slurm" not in (full.hydra.callbacks or {})
 
 

@@ -11,6 +11,9 @@ callback re-raising in ``on_job_end``, let a failed EBRL job end COMPLETED 0:0 o
 the job's own exception after Hydra's ``run_job`` returns. Submitit then pickles it as an error
 result (the launcher's ``FailedJobError`` shows the real traceback, a ``StageError`` included:
 it pickles as itself) and exits non-zero, so Slurm records the job FAILED.
+
+It lives in the ``hydra_plugins`` namespace package because Hydra instantiates launchers only
+from there (ebrl ships ``hydra_plugins/ebrl_launcher``; pyproject.toml installs it).
 """
 
 from __future__ import annotations
