@@ -85,6 +85,14 @@ CONFIGS: dict[str, list[str]] = {
         "scheduler.step_level=true",
         "threads.train=1",
     ],
+    # the step level with the cap at every env: envs that piled up share a call
+    "+step-cap": [
+        "scheduler=ebrl",
+        "scheduler.pipeline=true",
+        "scheduler.step_level=true",
+        "scheduler.batch_max=16",
+        "threads.train=1",
+    ],
     "ebrl": ["scheduler=ebrl", "threads.train=1"],
     # EBRL scaled out as far as 2 cores allow (issue 16): 2 replicas, a 2-rank gloo learner
     "ebrl-r2l2": [
@@ -138,6 +146,16 @@ def run(
             if all(p[k] == v for k, v in chosen["shape"].items())
         )
         s["shape_profile_s"] = chosen["profile_s"] + chosen["search_s"]
+        rec = chosen.get("recalibration")
+        if rec is not None:  # measured in the run: the machine's effective cores, maybe moved
+            s["shape_cores_effective"] = rec["cores_effective"]
+            s["shape_after"] = describe_shape(rec["after"])
+            s["shape_measured"] = rec["measured"]
+            s["shape_refit_predicted"] = next(
+                p["throughput"]
+                for p in rec["predictions"]
+                if all(p.get(k) == v for k, v in rec["after"].items())
+            )
     print(
         f"  {name:13s} seed {seed}: {s['throughput_e2e']:7.1f} steps/s "
         f"(bound {s['bound']:.0f}, glue cpu {s['glue_cpu_frac']:.3f})"
@@ -149,7 +167,9 @@ def run(
 
 def describe_shape(shape: dict) -> str:
     if shape["step_level"]:
-        return f"step level M={shape['batch_min']}"
+        cap = shape.get("batch_max") or shape["batch_min"]
+        up_to = f" up to {cap}" if cap > shape["batch_min"] else ""
+        return f"step level M={shape['batch_min']}{up_to}"
     return f"G={shape['env_groups']} lock step"
 
 
@@ -257,6 +277,18 @@ def main() -> None:
                 f"its start-up profile and search, seconds: {bootstrap_ci(cost).fmt('.1f')}",
                 f"the model's predicted / measured throughput: {bootstrap_ci(err).fmt('.2f')}",
             ]
+        refit = [r for r in shaped if "shape_cores_effective" in r]
+        if refit:  # the model refit to the run's own rate, and where that moved the run
+            cores = np.array([r["shape_cores_effective"] for r in refit])
+            after = np.array([r["shape_refit_predicted"] / r["throughput_e2e"] for r in refit])
+            lines += [
+                "measured in the run: effective cores "
+                + bootstrap_ci(cores).fmt(".2f")
+                + "; shape after it per seed: "
+                + ", ".join(f"s{r['seed']} {r['shape_after']}" for r in refit),
+                "the refit model's predicted / measured throughput: "
+                + bootstrap_ci(after).fmt(".2f"),
+            ]
     table = "\n".join(lines)
     print("\n" + table)
     prov = provenance(
@@ -281,6 +313,10 @@ def main() -> None:
         "shape",
         "shape_predicted",
         "shape_profile_s",
+        "shape_cores_effective",
+        "shape_after",
+        "shape_measured",
+        "shape_refit_predicted",
     )
     with (out / "runs.csv").open("w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=keep, extrasaction="ignore")

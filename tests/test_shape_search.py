@@ -57,6 +57,14 @@ def test_step_level_waits_for_m_then_takes_whoever_is_ready_at_the_timeout() -> 
     assert pick(ready, lambda e: True, [], True, 3, 0.005, now=10.005) == [4, 2]
 
 
+def test_a_cap_above_m_takes_the_envs_that_piled_up_in_one_call() -> None:
+    ready = OrderedDict((e, 0.0) for e in (5, 3, 9, 1, 7))
+    assert pick(ready, lambda e: True, [], True, 2, 1.0, now=0.0, batch_max=4) == [5, 3, 9, 1]
+    assert pick(ready, lambda e: True, [], True, 2, 1.0, now=0.0, batch_max=None) == [5, 3]
+    one = OrderedDict([(4, 10.0)])  # below M: the timeout still sends it alone
+    assert pick(one, lambda e: True, [], True, 2, 0.005, now=10.006, batch_max=4) == [4]
+
+
 def test_lock_step_takes_a_whole_group_only_in_group_order() -> None:
     groups = [[0, 1], [2, 3]]
     assert pick(
@@ -104,6 +112,16 @@ def test_step_level_batches_never_exceed_m() -> None:
     assert 1.0 <= p.mean_batch <= 4.0
 
 
+def test_a_cap_pays_where_a_generator_call_costs_more_than_its_envs() -> None:
+    # the generator's fixed cost per call (30 ms) dwarfs an env's (1 ms): envs pile up while it
+    # works, and taking them in one call pays the fixed cost once
+    c = costs(tail=3.0, busy=0.02, gen_fixed=0.03)
+    strict = simulate(c, WORK, Shape(1, True, 4))
+    capped = simulate(c, WORK, Shape(1, True, 4, batch_max=16))
+    assert capped.mean_batch > 1.5 * strict.mean_batch
+    assert capped.throughput > 1.2 * strict.throughput
+
+
 # --- the search ------------------------------------------------------------------------------
 def test_search_keeps_one_group_in_lock_step_where_the_simulators_keep_the_cores_busy() -> None:
     # CPU physics on 2 cores, uniform step costs, a generator with a real per-call cost:
@@ -143,7 +161,15 @@ def test_a_simpler_shape_within_the_margin_wins() -> None:
 def test_gen_batches_cover_every_candidate() -> None:
     sizes = gen_batches_for(WORK)
     for s in candidates(WORK):
-        assert s.batch_min in sizes
+        assert s.batch_min in sizes and s.cap in sizes
+
+
+def test_candidates_weigh_the_first_m_of_n_and_a_cap_at_every_env() -> None:
+    step = [s for s in candidates(WORK) if s.step_level]
+    assert {(s.batch_min, s.cap) for s in step} == {(8, 8), (8, 16), (4, 4), (4, 16), (2, 2),
+                                                    (2, 16)}  # fmt: skip
+    pinned = candidates(WORK, step_level=(True,), batch_min=4, batch_max=4)
+    assert [(s.batch_min, s.cap) for s in pinned] == [(4, 4)]
 
 
 # --- measuring ---------------------------------------------------------------------------------
@@ -179,3 +205,63 @@ def test_measure_releases_the_probes_even_when_a_stage_fails() -> None:
     with pytest.raises(RuntimeError, match="simulator crashed"):
         measure(probes, [1])
     assert closed.is_set()
+
+
+def test_the_generator_picks_with_the_plans_cap() -> None:
+    """GenWorker._pick is the model's rule with the run's M and cap (no stage, no sockets)."""
+    from types import SimpleNamespace
+
+    from ebrl.schedulers.ebrl.messages import Reshape
+    from ebrl.schedulers.ebrl.workers import GenWorker
+
+    gen = GenWorker.__new__(GenWorker)
+    gen.plan = SimpleNamespace(
+        batch_timeout_s=1.0, start_version=0, decisions_per_env=8, staleness=1
+    )
+    gen.stage = SimpleNamespace(version=0)
+    gen.served, gen.gone = set(range(8)), set()
+    gen._owner = dict.fromkeys(range(8), 0)
+    gen._reshape(Reshape([list(range(8))], True, 2, 4))
+    ready = OrderedDict((e, 0.0) for e in (6, 1, 4, 0, 3))
+    decisions = np.zeros(8, dtype=np.int64)
+    assert gen._pick(ready, decisions) == [6, 1, 4, 0]
+    gen._reshape(Reshape([list(range(8))], True, 2, None))  # the first M of N
+    assert gen._pick(ready, decisions) == [6, 1]
+    gen._reshape(Reshape([[0, 1, 3], [4, 6]], False, 2, None))  # lock step: a whole group
+    assert gen._pick(ready, decisions) == [0, 1, 3]
+
+
+# --- in the run: the model refit to what the run measured ------------------------------------
+def test_fit_cores_finds_the_capacity_that_explains_a_measured_rate() -> None:
+    from ebrl.resources.model import fit_cores
+
+    c = costs(gen_fixed=0.02)
+    shape = Shape(2, False, 8)
+    at_1_3 = np.mean([simulate(c, dataclasses.replace(WORK, cores=1.3), shape, seed=s).throughput
+                      for s in (0, 1)])  # fmt: skip
+    assert fit_cores(c, WORK, shape, float(at_1_3)) == pytest.approx(1.3, abs=0.02)
+    full = simulate(c, WORK, shape).throughput
+    assert fit_cores(c, WORK, shape, 10 * full) == WORK.cores  # faster than the model can be
+
+
+def test_recalibration_moves_the_run_when_capacity_changes_the_ranking() -> None:
+    """Simulators busy on 2 cores with a cheap generator: pipelining wins on paper; a run that
+    measures far less (its cores are really ~1) finds one group better, and moves to it."""
+    from ebrl.resources.shape import SteadyRate, recalibrate
+
+    c = costs(busy=1.0, gen_fixed=0.01)
+    choice = search(c, WORK, None, False, None, 0.005)
+    assert choice.shape == Shape(2, False, 8, 0.005)  # on paper: two groups pay
+    one = dataclasses.replace(WORK, cores=1.0)
+    measured = simulate(c, one, choice.shape).throughput
+    rec = recalibrate(choice, measured)
+    assert rec.cores == pytest.approx(1.0, abs=0.02)
+    assert rec.after == Shape(1, False, 16, 0.005) and rec.changed
+    assert rec.metrics()["shape/reshaped"] == 1.0
+    same = recalibrate(choice, choice.predicted())  # the model was right: nothing moves
+    assert not same.changed and same.cores == pytest.approx(WORK.cores, abs=0.05)
+
+    meter = SteadyRate(warmup=2, window=2)
+    assert [meter.add(t, 100) for t in (1.0, 2.0, 3.0)] == [None, None, None]
+    assert meter.add(5.0, 100) == pytest.approx(200 / 3.0)  # updates 3-4, from t=2 to t=5
+    assert meter.add(6.0, 100) is None  # once

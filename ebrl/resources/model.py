@@ -21,6 +21,7 @@ then predicts env steps per second for each candidate shape in milliseconds.
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import math
 from collections import OrderedDict, deque
@@ -102,15 +103,30 @@ class Workload:
 
 @dataclass(frozen=True)
 class Shape:
-    """What the shape search chooses: G, step level, M (timeout: the engine's)."""
+    """What the shape search chooses: G, step level, M and the batch cap (timeout: the
+    engine's).
+
+    At the step level the generator acts once ``batch_min`` (M) eligible envs are ready, on the
+    first ``batch_max`` of them in arrival order: ``batch_max`` = M (None) is EnvPool's "first M
+    of N"; a larger cap lets the envs that piled up while the generator was busy share one call
+    (its fixed cost paid once), which is what pays when a call costs much more than an env.
+    """
 
     groups: int
     step_level: bool
     batch_min: int
     batch_timeout_s: float = 0.005
+    batch_max: int | None = None
+
+    @property
+    def cap(self) -> int:
+        """The most envs one step-level call takes."""
+        return max(self.batch_min, self.batch_max or self.batch_min)
 
     def describe(self) -> str:
         if self.step_level:
+            if self.cap > self.batch_min:
+                return f"step level, M={self.batch_min} up to {self.cap}"
             return f"step level, M={self.batch_min}"
         return f"G={self.groups}, lock step"
 
@@ -119,6 +135,7 @@ class Shape:
             "env_groups": self.groups,
             "step_level": self.step_level,
             "batch_min": self.batch_min if self.step_level else None,
+            "batch_max": self.cap if self.step_level else None,
         }
 
 
@@ -159,13 +176,15 @@ def pick(
     batch_min: int,
     timeout_s: float,
     now: float,
+    batch_max: int | None = None,
 ) -> list[int]:
     """The generator's next batch: the engine's rule (``GenWorker._pick`` calls this).
 
     Lock step: the first group whose acting envs (those the staleness gate lets act) are all
-    ready. Step level: the first ``batch_min`` eligible envs in the order they became ready, or
-    every eligible one once the oldest has waited ``timeout_s``. ``ready`` maps env -> when it
-    became ready, oldest first. Empty: nothing to do yet.
+    ready. Step level: once ``batch_min`` eligible envs are ready, the first ``batch_max``
+    (default ``batch_min``: the first M of N) of them in the order they became ready; or, once
+    the oldest has waited ``timeout_s``, every eligible one (up to the cap). ``ready`` maps env
+    -> when it became ready, oldest first. Empty: nothing to do yet.
     """
     if not step_level:
         for g in groups:
@@ -174,10 +193,11 @@ def pick(
                 return acting
         return []
     ok = [e for e in ready if eligible(e)]
+    cap = max(batch_min, batch_max or batch_min)
     if len(ok) >= batch_min:
-        return ok[:batch_min]
+        return ok[:cap]
     if ok and now - ready[ok[0]] >= timeout_s - 1e-9:  # (a timer set for it fires exactly)
-        return ok
+        return ok[:cap]
     return []
 
 
@@ -298,7 +318,14 @@ def simulate(
         start_workers()
         if not state["gen"] and ready:
             batch = pick(
-                ready, eligible, groups, shape.step_level, m, shape.batch_timeout_s, machine.now
+                ready,
+                eligible,
+                groups,
+                shape.step_level,
+                m,
+                shape.batch_timeout_s,
+                machine.now,
+                shape.batch_max,
             )
             if batch:
                 for e in batch:
@@ -341,11 +368,14 @@ def candidates(
     step_level: Sequence[bool] = (False, True),
     batch_min: int | None = None,
     timeout_s: float = 0.005,
+    batch_max: int | None = None,
 ) -> list[Shape]:
     """The shapes the search weighs, simplest first: lock step over G groups (G from 1 up to
     the smallest worker's envs, powers of two, unless ``groups`` pins it), then the step level
-    with M at a half, a quarter and an eighth of the envs (unless ``batch_min`` pins it). At the
-    step level the groups only order the first observations, so G is not searched there (a
+    with M at a half, a quarter and an eighth of the envs (unless ``batch_min`` pins it), each
+    first as EnvPool's first M of N, then capped at every env (``batch_max``: the envs that
+    piled up while the generator worked go in one call; unless ``batch_max`` pins the cap). At
+    the step level the groups only order the first observations, so G is not searched there (a
     pinned G is kept)."""
     most = min(len(w) for w in work.workers)
     n = work.num_envs
@@ -356,7 +386,11 @@ def candidates(
     if True in step_level:
         g = groups[0] if groups else 1
         ms = [batch_min] if batch_min else sorted({max(1, n // d) for d in (2, 4, 8)}, reverse=True)
-        out += [Shape(g, True, m, timeout_s) for m in ms]
+        caps = [batch_max] if batch_max else [None, n]
+        for m in ms:
+            # a cap of M (or below) is the first M of N itself
+            kept = dict.fromkeys(None if cap is None or cap <= m else cap for cap in caps)
+            out += [Shape(g, True, m, timeout_s, cap) for cap in kept]
     return out
 
 
@@ -395,3 +429,40 @@ def choose(
         if p.throughput >= best * (1 - margin):
             return s, ranked
     return ranked[0].shape, ranked
+
+
+def fit_cores(
+    costs: StageCosts,
+    work: Workload,
+    shape: Shape,
+    measured: float,
+    lo: float = 0.25,
+    tol: float = 0.01,
+    seeds: Sequence[int] = (0, 1),
+) -> float:
+    """The machine's effective cores: those at which the model's rate for ``shape`` equals
+    ``measured`` (env steps/s of a real run of it), by bisection between ``lo`` and the
+    workload's own cores (the model's rate never falls as cores are added).
+
+    What the solo profile cannot see lowers it below the cores the run was given: two
+    compute-bound processes slowing each other down (shared caches, memory bandwidth, hardware
+    threads of one core), the engine's and Ray's own processes, the driver. Returns ``lo`` or
+    ``work.cores`` when the measurement lies outside what the model can reach.
+    """
+
+    def rate(cores: float) -> float:
+        w = dataclasses.replace(work, cores=cores)
+        return float(np.mean([simulate(costs, w, shape, seed=sd).throughput for sd in seeds]))
+
+    hi = float(work.cores)
+    if rate(hi) <= measured:
+        return hi
+    if rate(lo) >= measured:
+        return lo
+    while hi - lo > tol:
+        mid = (lo + hi) / 2
+        if rate(mid) >= measured:
+            hi = mid
+        else:
+            lo = mid
+    return (lo + hi) / 2

@@ -14,6 +14,7 @@ the algorithms or the env groups.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
@@ -26,7 +27,15 @@ from typing import Any
 import numpy as np
 
 from ebrl.resources.apply import affinity_guard, threads_guard
-from ebrl.resources.model import Prediction, Shape, StageCosts, Workload, candidates, choose
+from ebrl.resources.model import (
+    Prediction,
+    Shape,
+    StageCosts,
+    Workload,
+    candidates,
+    choose,
+    fit_cores,
+)
 
 log = logging.getLogger(__name__)
 
@@ -127,13 +136,26 @@ def measure(
 
 @dataclass(frozen=True)
 class ShapeChoice:
-    """What the search chose, from what, and what it cost."""
+    """What the search chose, from what, and what it cost.
+
+    Attributes:
+        shape: the choice.
+        ranked: every candidate's prediction, best first.
+        costs: the stage costs measured at start.
+        measure_s: seconds the profile took; search_s: the search.
+        work: the workload the search played (its ``cores``: the cores the run was given).
+        shapes: the candidates, simplest first (what :func:`recalibrate` weighs again).
+        recalibration: what the run itself measured later (:func:`recalibrate`), if it has.
+    """
 
     shape: Shape
     ranked: tuple[Prediction, ...]
     costs: StageCosts
     measure_s: float
     search_s: float
+    work: Workload | None = None
+    shapes: tuple[Shape, ...] = ()
+    recalibration: Recalibration | None = None
 
     def describe(self) -> str:
         best, ours = self.ranked[0].throughput, self.predicted()
@@ -170,6 +192,7 @@ class ShapeChoice:
                 }
                 for p in self.ranked
             ],
+            **({"recalibration": self.recalibration.to_dict()} if self.recalibration else {}),
         }
 
     def predicted(self) -> float:
@@ -190,6 +213,7 @@ class ShapeChoice:
             "shape/env_groups": self.shape.groups,
             "shape/step_level": self.shape.step_level,
             "shape/batch_min": self.shape.batch_min if self.shape.step_level else "none",
+            "shape/batch_max": self.shape.cap if self.shape.step_level else "none",
         }
 
     def save(self, run_dir: Path) -> Path:
@@ -206,6 +230,7 @@ def search(
     batch_min: int | None,
     timeout_s: float,
     measure_s: float = 0.0,
+    batch_max: int | None = None,
 ) -> ShapeChoice:
     """Choose among the candidate shapes; a pinned knob (not None) is not searched."""
     t0 = time.perf_counter()
@@ -215,9 +240,11 @@ def search(
         step_level=(False, True) if step_level is None else (step_level,),
         batch_min=batch_min,
         timeout_s=timeout_s,
+        batch_max=batch_max,
     )
     shape, ranked = choose(costs, work, shapes)
-    choice = ShapeChoice(shape, tuple(ranked), costs, measure_s, time.perf_counter() - t0)
+    took = time.perf_counter() - t0
+    choice = ShapeChoice(shape, tuple(ranked), costs, measure_s, took, work, tuple(shapes))
     log.info("shape: %s", choice.describe())
     return choice
 
@@ -229,3 +256,113 @@ def gen_batches_for(work: Workload) -> list[int]:
         sizes.add(s.batch_min)
         sizes.add(math.ceil(work.num_envs / s.groups))
     return sorted(sizes)
+
+
+@dataclass(frozen=True)
+class Recalibration:
+    """The model held against the run itself, once it has run its first shape for a while.
+
+    Attributes:
+        measured: env steps per second the run made with ``before`` (its steady updates).
+        predicted: what the start-up model predicted for ``before``.
+        cores: the machine's effective cores that make the model predict ``measured``
+            (:func:`ebrl.resources.model.fit_cores`), below the cores it was given where the
+            solo profile misses contention.
+        ranked: every candidate's prediction at those cores, best first.
+        before: the shape the run started with; after: the one it runs from now on.
+        seconds: what refitting and re-ranking cost (the driver's CPU, once).
+    """
+
+    measured: float
+    predicted: float
+    cores: float
+    ranked: tuple[Prediction, ...]
+    before: Shape
+    after: Shape
+    seconds: float
+
+    @property
+    def changed(self) -> bool:
+        return self.after != self.before
+
+    def describe(self) -> str:
+        move = f"-> {self.after.describe()}" if self.changed else "kept"
+        return (
+            f"measured {self.measured:.0f} env steps/s with {self.before.describe()} (predicted "
+            f"{self.predicted:.0f}): {self.cores:.2f} effective cores; {move} "
+            f"({self.seconds:.2f} s)"
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "measured": self.measured,
+            "predicted": self.predicted,
+            "cores_effective": self.cores,
+            "before": self.before.to_dict(),
+            "after": self.after.to_dict(),
+            "seconds": self.seconds,
+            "predictions": [{**p.shape.to_dict(), "throughput": p.throughput} for p in self.ranked],
+        }
+
+    def metrics(self) -> dict[str, float]:
+        return {
+            "shape/cores_effective": self.cores,
+            "shape/measured_env_steps_per_s": self.measured,
+            "shape/reshaped": float(self.changed),
+            "shape/recalibrate_s": self.seconds,
+        }
+
+
+def recalibrate(choice: ShapeChoice, measured: float, margin: float = 0.03) -> Recalibration:
+    """Refit the model to the rate the run measured with its shape (one number: the machine's
+    effective cores), rank the candidates again at that capacity, and keep the shape unless
+    another is predicted faster by more than ``margin`` (a simpler one within 2% still wins,
+    as at start)."""
+    t0 = time.perf_counter()
+    assert choice.work is not None, "a ShapeChoice made by search() carries its workload"
+    cores = fit_cores(choice.costs, choice.work, choice.shape, measured)
+    work = dataclasses.replace(choice.work, cores=cores)
+    best, ranked = choose(choice.costs, work, choice.shapes or (choice.shape,))
+    ours = next((p.throughput for p in ranked if p.shape == choice.shape), 0.0)
+    gain = next(p.throughput for p in ranked if p.shape == best) / max(ours, 1e-9) - 1
+    after = best if gain > margin else choice.shape
+    rec = Recalibration(
+        measured, choice.predicted(), cores, tuple(ranked), choice.shape, after,
+        time.perf_counter() - t0,
+    )  # fmt: skip
+    log.info("shape: %s", rec.describe())
+    return rec
+
+
+class SteadyRate:
+    """The env steps per second of ``window`` updates after ``warmup`` of them, from the times
+    the updates' reports arrive (what :func:`recalibrate` is given).
+
+    Args:
+        warmup: updates skipped (start-up is not steady).
+        window: updates measured.
+    """
+
+    def __init__(self, warmup: int, window: int) -> None:
+        self.warmup, self.window = max(1, warmup), max(1, window)
+        self.seen = 0
+        self.start: tuple[float, int] | None = None
+        self.steps = 0
+        self.done = False
+
+    def add(self, at: float, env_steps: int) -> float | None:
+        """One update's report arrived at ``at`` (seconds) with ``env_steps``; the rate once
+        the window is complete (once), else None."""
+        self.seen += 1
+        if self.done:
+            return None
+        if self.seen == self.warmup:
+            self.start = (at, 0)
+            return None
+        if self.start is None:
+            return None
+        self.steps += env_steps
+        if self.seen < self.warmup + self.window:
+            return None
+        self.done = True
+        return self.steps / max(at - self.start[0], 1e-9)

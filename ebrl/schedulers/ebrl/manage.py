@@ -324,6 +324,7 @@ def choose_shape(
     batch_min: int | None,
     timeout_s: float,
     run_dir: Path | None,
+    batch_max: int | None = None,
 ) -> ShapeChoice:
     """Measure the run's stages and choose its shape (pinned knobs, not None, are kept):
     ``shape.json`` in the run folder records the costs, every candidate's prediction and the
@@ -346,6 +347,7 @@ def choose_shape(
         batch_min,
         timeout_s,
         measure_s=took,
+        batch_max=batch_max,
     )
     if run_dir is not None:
         Path(run_dir).mkdir(parents=True, exist_ok=True)

@@ -171,6 +171,20 @@ class Applied:
 
 
 @dataclass(slots=True)
+class Reshape:
+    """driver -> every replica and env worker: run with this shape from now on (the resource
+    manager re-chose it from what the run measured: ``ebrl.resources.shape.recalibrate``).
+    Env workers read ``step_level`` (step env by env, or a group's chunks together); replicas
+    all of it. Taking it between two batches is safe: a lock-step group waits for its envs in
+    flight, a step-level batch takes whoever is ready."""
+
+    groups: list[list[int]]
+    step_level: bool
+    batch_min: int
+    batch_max: int | None = None
+
+
+@dataclass(slots=True)
 class Beat:
     """any worker -> driver, every ``Plan.heartbeat_s`` from a thread of its own: the process is
     alive and not frozen (a simulator spinning with the GIL held, a SIGSTOPped process)."""

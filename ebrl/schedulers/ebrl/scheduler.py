@@ -44,7 +44,7 @@ import numpy as np
 from ebrl.resources.apply import affinity_guard, threads_guard
 from ebrl.resources.model import Shape, Workload
 from ebrl.resources.model import split_groups as env_groups
-from ebrl.resources.shape import ShapeChoice
+from ebrl.resources.shape import ShapeChoice, SteadyRate, recalibrate
 from ebrl.runtime.backend import InProcessBackend, RayBackend, WorkerDied
 from ebrl.runtime.channel import Inbox, Outbox, new_authkey, node_ip
 from ebrl.runtime.placement import Ask, Placement, cluster_nodes, describe, place, ray_options
@@ -60,6 +60,7 @@ from ebrl.schedulers.ebrl.messages import (
     Owed,
     Reconnect,
     Report,
+    Reshape,
     Resources,
     Rewire,
     Stop,
@@ -122,7 +123,13 @@ class EBRLScheduler:
             resource manager chooses G, :mod:`ebrl.resources.shape`).
         step_level: level 3 (None: the resource manager chooses).
         batch_min: M of "first M of N" (None: chosen with the step level, or half a group).
+        batch_max: the most ready envs one step-level call takes once M are ready (None:
+            chosen with the step level, or M: the first M of N; larger: the envs that piled
+            up while the generator worked share one call).
         batch_timeout_ms: how long a ready env waits for M to be reached.
+        reshape_window: updates after the warm-up (``warmup_iters``) over which a searched
+            shape is measured in the run itself; the resource manager then refits its model to
+            that rate and moves the run to another shape if one is predicted faster (0: never).
         ray_address: ``local`` (a private Ray instance) or a cluster address.
         resources: Ray custom resources per role (``sim``, ``gen``, ``learner``) for placement.
         pin_sim: pin each env worker to a home core (round robin over this process's CPUs).
@@ -152,7 +159,9 @@ class EBRLScheduler:
     pipeline: bool | None = None
     step_level: bool | None = None
     batch_min: int | None = None
+    batch_max: int | None = None
     batch_timeout_ms: float = 5.0
+    reshape_window: int = 3
     ray_address: str = "local"
     resources: dict[str, dict[str, float]] | None = None
     pin_sim: bool = False
@@ -168,6 +177,7 @@ class EBRLScheduler:
     def __post_init__(self) -> None:
         self.shape_choice: ShapeChoice | None = None  # the last run's, when it was searched
         self._unlogged_shape: ShapeChoice | None = None
+        self._steady: SteadyRate | None = None  # the searched shape's rate, in the run
         if self.rebind and self.step_level is False:
             raise ValueError("scheduler.rebind needs scheduler.step_level=true (level 3)")
         if self.backend not in ("ray", "inprocess"):
@@ -180,6 +190,13 @@ class EBRLScheduler:
             raise ValueError(
                 f"scheduler.hang_timeout_s={self.hang_timeout_s}: must be > 0 (or null: off)"
             )
+        if self.batch_max is not None and self.batch_max < (self.batch_min or 1):
+            raise ValueError(
+                f"scheduler.batch_max={self.batch_max}: must be >= scheduler.batch_min "
+                f"({self.batch_min or 1}), or null"
+            )
+        if self.reshape_window < 0:
+            raise ValueError(f"scheduler.reshape_window={self.reshape_window}: must be >= 0")
         if self.max_restarts < 0:
             raise ValueError(f"scheduler.max_restarts={self.max_restarts}: must be >= 0")
         if self.gen_replicas < 1:
@@ -224,7 +241,7 @@ class EBRLScheduler:
         step = self.step_level is not False
         # first M of N: N is a group's share of one replica
         m = self.batch_min or max(1, math.ceil(n / g / roles.replicas / 2))
-        return Shape(g, step, m, self.batch_timeout_ms / 1000)
+        return Shape(g, step, m, self.batch_timeout_ms / 1000, self.batch_max)
 
     def shape(self, ctx: RunContext, roles: Roles) -> tuple[Shape, ShapeChoice | None]:
         """The run's G, step level and M: searched by the resource manager where a knob is
@@ -259,6 +276,7 @@ class EBRLScheduler:
             batch_min=self.batch_min or node.get("gen_batch"),
             timeout_s=self.batch_timeout_ms / 1000,
             run_dir=ctx.run_dir,
+            batch_max=self.batch_max,
         )
         return choice.shape, choice
 
@@ -273,6 +291,7 @@ class EBRLScheduler:
             step_level=shape.step_level,
             batch_min=shape.batch_min,
             batch_timeout_s=shape.batch_timeout_s,
+            batch_max=shape.batch_max,
             slots=slots,
             home=home_cores(len(roles.sims), sorted(os.sched_getaffinity(0)))
             if (self.pin_sim or self.rebind)
@@ -339,6 +358,11 @@ class EBRLScheduler:
             factory = factory.with_spec(spec)
             shape, self.shape_choice = self.shape(dataclasses.replace(ctx, factory=factory), roles)
             self._unlogged_shape = self.shape_choice
+            self._steady = (
+                SteadyRate(int(factory.cfg.get("warmup_iters") or 1), self.reshape_window)
+                if self.shape_choice is not None and self.reshape_window > 0
+                else None
+            )
             plan = self.plan(ctx, roles, slots.spec, shape)
             manager = manage.setup(
                 factory,
@@ -448,6 +472,8 @@ class EBRLScheduler:
                     if choice is not None:  # the first report carries the shape search's outcome
                         params = choice.params()
                         metrics.update(choice.metrics())
+                    if restarts is not None:  # the shape measured in situ, maybe changed
+                        metrics.update(self._measure_shape(m, ctx, restarts))
                     yield IterationReport(m.iteration, m.env_steps, metrics, params)
                 elif isinstance(m, Telemetry):
                     for span in m.spans:
@@ -489,6 +515,38 @@ class EBRLScheduler:
                     raise StageError(h.name, f"{type(e).__name__}: {e}") from e
                 if finished:
                     raise StageError(h.name, "the worker left its loop without being stopped")
+
+    def _measure_shape(self, rep: Report, ctx: RunContext, restarts: _Restarts) -> dict:
+        """After the warm-up and ``reshape_window`` more updates of the shape the search chose,
+        refit the model to the rate they ran at (``ebrl.resources.shape.recalibrate``) and, if
+        another shape is now predicted faster, send it to every replica and env worker (new
+        processes start with it too). Its metrics, once; ``shape.json`` is rewritten."""
+        rate = self._steady.add(time.monotonic(), rep.env_steps) if self._steady else None
+        if rate is None or self.shape_choice is None:
+            return {}
+        rec = recalibrate(self.shape_choice, rate)
+        self.shape_choice = dataclasses.replace(self.shape_choice, recalibration=rec)
+        if ctx.run_dir is not None:
+            self.shape_choice.save(ctx.run_dir)
+        if rec.changed:
+            new = rec.after
+            groups = env_groups(restarts.plan.workers, new.groups)
+            msg = Reshape(groups, new.step_level, new.batch_min, new.batch_max)
+            restarts.plan = dataclasses.replace(
+                restarts.plan,
+                groups=groups,
+                step_level=new.step_level,
+                batch_min=new.batch_min,
+                batch_max=new.batch_max,
+            )
+            for name, addr in list(restarts.book.items()):
+                if name == DRIVER or name.startswith("learner"):
+                    continue
+                with contextlib.suppress(OSError):  # a dead worker's replacement starts with it
+                    out = Outbox(addr, restarts.authkey, retries=5)
+                    out.send(msg)
+                    out.close()
+        return rec.metrics()
 
     def _shutdown(self, inbox, handles, backend, slots, book, authkey) -> None:
         """Stop every worker (politely, then by force), free the slots; never raises."""

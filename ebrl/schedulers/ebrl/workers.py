@@ -45,6 +45,7 @@ from ebrl.schedulers.ebrl.messages import (
     Ready,
     Reconnect,
     Report,
+    Reshape,
     Resources,
     Resync,
     Rewire,
@@ -71,6 +72,7 @@ class Plan:
         step_level: level 3: envs advance and are batched one by one (first M of N).
         batch_min: M, the generator acts once M eligible envs are ready ...
         batch_timeout_s: ... or once the oldest ready env has waited this long.
+        batch_max: ... on at most this many of them, oldest first (None: M, the first M of N).
         slots: the shared slot arrays' layout and name.
         home: env worker -> home cores it is pinned to (None: no pinning, no rebinding).
         rebind: level 3's core rebinding (needs ``home``).
@@ -96,6 +98,7 @@ class Plan:
     batch_min: int
     batch_timeout_s: float
     slots: SlotSpec
+    batch_max: int | None = None
     home: dict[int, frozenset[int]] | None = None
     rebind: bool = False
     gen_resources: tuple[Resources, ...] = ()
@@ -297,6 +300,7 @@ class EnvWorker(_Worker):
         self.stepping: set[int] = set()
         self.epoch = 0
         self.dropped_chunks = 0  # chunks a dead replica sent, dropped after the rewire
+        self.step_level = self.plan.step_level  # a Reshape may change it
 
     def _send_gen(self, msg: Ready | Resync) -> None:
         """To the generator replica; if its process is gone, nothing: the driver replaces it,
@@ -318,6 +322,8 @@ class EnvWorker(_Worker):
                 return True
             if isinstance(m, Rewire):
                 self._rewire(m)
+            elif isinstance(m, Reshape):
+                self.step_level = m.step_level
             elif isinstance(m, Go):
                 if m.epoch < self.epoch:  # sent by a dead replica: its envs were handed over
                     self.dropped_chunks += len(m.env_ids)
@@ -371,7 +377,7 @@ class EnvWorker(_Worker):
             chunk = self.slots.get_chunk(go.env_ids, go.payload)
             units = (
                 [chunk.rows(i, i + 1) for i in range(len(chunk))]  # level 3: env by env
-                if plan.step_level
+                if self.step_level
                 else [chunk]  # lock step: the whole group's chunks, then one Ready
             )
             for unit in units:
@@ -389,7 +395,7 @@ class EnvWorker(_Worker):
                     self.executed[int(e)] += 1
                     self.stepping.discard(int(e))
                 # level 3: take new work in as soon as it arrives
-                if plan.step_level and self._take(self.inbox.recv(timeout=0.0), work):
+                if self.step_level and self._take(self.inbox.recv(timeout=0.0), work):
                     return
             while builder.ready():
                 seg = builder.pop()
@@ -448,11 +454,11 @@ class GenWorker(_Worker):
         self.incarnation = dict.fromkeys(mine, 0)  # env worker -> its process's incarnation
         # the lock-step groups, restricted to the envs this replica acts for
         served = {e for w in mine for e in self.plan.workers[w]}
-        mine_groups = ([e for e in grp if e in served] for grp in self.plan.groups)
-        self.groups = [g for g in mine_groups if g]
+        self.served = served
+        plan = self.plan
+        self._reshape(Reshape(plan.groups, plan.step_level, plan.batch_min, plan.batch_max))
         self.gone: set[int] = set()  # env workers whose process died (until replaced)
         self.lost_decisions = 0  # decisions issued to dead env workers, never trained on
-        self.batch_min = self.plan.batch_min
         # rollout accounting for the allocator: decisions issued, and env-seconds in which a
         # ready env waited only because acting on it would break the staleness bound
         self.decided = 0
@@ -486,6 +492,13 @@ class GenWorker(_Worker):
                 self.stage.load(m.version, m.state)
         self.load_s += time.perf_counter() - t0
         self.loads += 1
+
+    def _reshape(self, m: Reshape) -> None:
+        """Run with ``m``'s shape from the next batch on (the groups: this replica's envs)."""
+        mine = ([e for e in grp if e in self.served] for grp in m.groups)
+        self.groups = [g for g in mine if g]
+        self.step_level = m.step_level
+        self.batch_min, self.batch_max = max(1, int(m.batch_min)), m.batch_max
 
     def _set_batch(self, batch_min: int) -> None:
         self.batch_min = max(1, int(batch_min))
@@ -577,10 +590,11 @@ class GenWorker(_Worker):
             ready,
             lambda e: self._eligible(e, decisions),
             self.groups,
-            plan.step_level,
+            self.step_level,
             self.batch_min,
             plan.batch_timeout_s,
             time.perf_counter(),
+            self.batch_max,
         )
 
     def _loop(self) -> None:
@@ -612,6 +626,8 @@ class GenWorker(_Worker):
                         self.pids[m.worker] = m.pid
                     elif isinstance(m, Resync):
                         self._resync(m, decisions)
+                    elif isinstance(m, Reshape):
+                        self._reshape(m)
                     elif isinstance(m, Resources):
                         self.apply_resources(m)
                     elif isinstance(m, Ready):
