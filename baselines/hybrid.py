@@ -59,6 +59,7 @@ class HybridScheduler:
         weight_board: see :class:`EBRLScheduler`.
         gen_gpus: see :class:`EBRLScheduler`.
         learner_gpus: see :class:`EBRLScheduler`.
+        learner_strategy: see :class:`EBRLScheduler` (``ddp`` or ``fsdp``).
     """
 
     backend: str = "ray"
@@ -71,6 +72,7 @@ class HybridScheduler:
     weight_board: bool = True
     gen_gpus: float = 0.0
     learner_gpus: float = 0.0
+    learner_strategy: str = "ddp"
 
     def __post_init__(self) -> None:
         if self.train_threads is not None and self.train_threads < 1:
@@ -89,6 +91,7 @@ class HybridScheduler:
             weight_board=self.weight_board,
             gen_gpus=self.gen_gpus,
             learner_gpus=self.learner_gpus,
+            learner_strategy=self.learner_strategy,
         )
 
     def check(self, ctx: RunContext) -> None:

@@ -36,7 +36,8 @@ The behaviour weight ``w`` is always the chunk's (the behaviour policy sampled t
 Data parallelism (:mod:`ebrl.runtime.dist`): with L learner ranks, each rank takes the loss of its
 shard of every minibatch, normalised by the whole minibatch's counts (kept samples or kept executed
 actions, minibatch size, advantage mean and std: :func:`loss_normalisers`), so the per-rank
-gradients sum to exactly the whole minibatch's gradient of a one-rank run.
+gradients sum to exactly the whole minibatch's gradient of a one-rank run, whether they are summed
+whole (DDP) or reduce-scattered into shards (FSDP, with a divide factor of 1).
 """
 
 from __future__ import annotations
@@ -304,7 +305,11 @@ def sgd_update(
     every rank clips and steps identically. The approx KL of the stop test (and the clip
     fraction) is the whole minibatch's (a second, tiny collective), so all ranks stop at the same
     minibatch; the returned metrics are the whole minibatches', as in a one-rank run. Each
-    epoch's permutation is checked to agree across the ranks (a third, per epoch). With
+    epoch's permutation is checked to agree across the ranks (a third, per epoch). With an FSDP
+    group (``dp.sharded``: the policy's parameters are shards,
+    :func:`ebrl.runtime.dist.shard_module`) FSDP's backward sums the gradients into each rank's
+    shard instead of the flat buffer, the clip uses the global norm over all shards and each
+    rank steps its shard: the same update. With
     :data:`~ebrl.runtime.dist.SOLO` (the default) nothing is communicated and the update is
     exactly the one-process update.
 
@@ -316,7 +321,11 @@ def sgd_update(
     n_applied = 0
     approx_kl = 0.0
     n = len(batch)
-    params = [p for p in policy.parameters() if p.requires_grad]
+    # what is clipped is what the optimiser steps: the policy's parameters (PPO and GRPO build
+    # it on them, in order). Not ``policy.parameters()``: under FSDP that yields the gathered
+    # full parameters while a unit is unsharded (after a no_grad forward), whose gradients FSDP
+    # moves into the shards the optimiser holds
+    params = [p for g in optimizer.param_groups for p in g["params"] if p.requires_grad]
     solo = dp.world == 1
     stop = False
     for _ in range(cfg.update_epochs if n else 0):
@@ -380,7 +389,9 @@ def sgd_update(
                 sums["extra"] += extra_log
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
-            dp.sum_grads(params)  # no-op for SOLO
+            if not dp.sharded:  # FSDP's backward already reduce-scattered the summed shards
+                dp.sum_grads(params)  # no-op for SOLO
+            # sharded (DTensor) gradients: torch reduces the shards' norms to the global norm
             nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
             optimizer.step()
             n_applied += 1

@@ -8,6 +8,25 @@ the whole minibatch's counts; summing the gradients over the ranks then gives ex
 gradient of the whole minibatch's loss (:func:`ebrl.algos.loss.sgd_update`), and every rank
 applies the same clipped step.
 
+Two strategies (``DataParallel.strategy``) share that arithmetic and differ in what a rank holds:
+
+* ``"ddp"``: every rank holds the whole policy and optimiser state; after each backward the
+  gradients are summed over the ranks in one flat buffer (:meth:`DataParallel.sum_grads`) and
+  every rank applies the same step to its whole copy.
+* ``"fsdp"``: torch's FSDP2 (:func:`torch.distributed.fsdp.fully_shard`) shards every parameter
+  along dim 0 over the ranks, and with it the gradients and Adam's moments: between steps a rank
+  holds about 1/L of them. A unit's parameters are all-gathered around its forward and backward
+  and its gradients reduce-scattered, SUMMED (divide factor 1, sum-only collectives:
+  :func:`shard_module`), so the per-rank losses' global normalisers keep their meaning; each rank
+  clips with the global gradient norm (torch's ``clip_grad_norm_`` reduces the sharded norms) and
+  steps its own shard. FSDP2 is the FSDP that runs here: FSDP1 (``FullyShardedDataParallel``)
+  refuses a CPU-only process ("FSDP needs a non-CPU accelerator device") and hooks ``forward``
+  only, while a policy is called through ``dist`` and ``value``, which FSDP2 can hook too
+  (:func:`~torch.distributed.fsdp.register_fsdp_forward_method`, through :func:`_hook_method`).
+  Units follow one rule, :func:`shard_units`. Full weights and a full optimiser state (a one-rank
+  learner's, exactly) come back from the shards with :func:`gather_full`;
+  :func:`shard_optimizer` goes the other way.
+
 :data:`SOLO` is the one-process learner: it communicates nothing, and code given it runs as it did
 before data parallelism existed, bit for bit.
 """
@@ -16,14 +35,23 @@ from __future__ import annotations
 
 import datetime
 import socket
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as tdist
 from torch import nn
 
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
+
+# torch.distributed.tensor and .fsdp are imported where FSDP is used, not here: they take ~1 s to
+# import and every process that trains or acts imports this module
+
 Tensor = torch.Tensor
 BACKENDS = ("gloo", "nccl")
+#: what a learner rank holds: "ddp", the whole policy; "fsdp", a shard of it (module docstring)
+STRATEGIES = ("ddp", "fsdp")
 
 
 class DataParallel:
@@ -35,6 +63,9 @@ class DataParallel:
         world: number of learner ranks L.
         group: the torch.distributed process group (None: the default group).
         device: where small buffers (statistics) are reduced: CUDA for NCCL, CPU for gloo.
+        strategy: ``"ddp"`` (every rank holds the whole policy) or ``"fsdp"`` (each holds a
+            shard; needs ``world >= 2``). The strategy is carried out by whoever owns the
+            policy (:meth:`ebrl.stages.train.TrainStage.join` shards it).
     """
 
     def __init__(
@@ -43,18 +74,43 @@ class DataParallel:
         world: int = 1,
         group: tdist.ProcessGroup | None = None,
         device: torch.device | str = "cpu",
+        strategy: str = "ddp",
     ) -> None:
         if world < 1 or not 0 <= rank < world:
             raise ValueError(f"DataParallel: need 0 <= rank < world, got rank={rank} world={world}")
+        if strategy not in STRATEGIES:
+            raise ValueError(f"DataParallel: strategy {strategy!r}: expected one of {STRATEGIES}")
+        if strategy == "fsdp" and world < 2:
+            raise ValueError(
+                "DataParallel: strategy 'fsdp' shards the policy over the ranks, and a group "
+                "of one has nothing to shard it over; use 'ddp' (the default) or 2+ ranks"
+            )
         self.rank = rank
         self.world = world
         self.group = group
         self.device = torch.device(device)
+        self.strategy = strategy
+        self._mesh: DeviceMesh | None = None
 
     @property
     def solo(self) -> bool:
         """A group of one: nothing is communicated."""
         return self.world == 1
+
+    @property
+    def sharded(self) -> bool:
+        """FSDP: parameters, gradients and optimiser state are sharded over the ranks."""
+        return self.strategy == "fsdp"
+
+    @property
+    def mesh(self) -> DeviceMesh:
+        """The group as a one-dimensional device mesh (what FSDP2 shards over); built once."""
+        from torch.distributed.device_mesh import DeviceMesh
+
+        if self._mesh is None:
+            group = self.group if self.group is not None else tdist.group.WORLD
+            self._mesh = DeviceMesh.from_group(group, self.device.type)
+        return self._mesh
 
     @property
     def leader(self) -> bool:
@@ -144,11 +200,227 @@ class DataParallel:
             tdist.barrier(group=self.group)
 
     def __repr__(self) -> str:
-        return f"DataParallel(rank={self.rank}, world={self.world}, device={self.device})"
+        return (
+            f"DataParallel(rank={self.rank}, world={self.world}, device={self.device}, "
+            f"strategy={self.strategy})"
+        )
 
 
 #: the one-process learner: no communication, results exactly as without data parallelism
 SOLO = DataParallel()
+
+
+# --- FSDP (strategy "fsdp") ----------------------------------------------------------------------
+def shard_units(module: nn.Module) -> list[nn.Module]:
+    """The modules :func:`shard_module` makes FSDP units of their own, before the root.
+
+    The rule: a model's repeated blocks are the children of an ``nn.ModuleList`` (how torch and
+    Hugging Face stack transformer layers: ``nn.TransformerEncoder.layers``, a Llama's
+    ``model.layers``), and each such block is a unit, so a rank gathers one block's parameters at
+    a time. Only the outermost lists count (a block's own lists stay in the block). Everything
+    else (embeddings, heads, the critic, the log-std; the whole of an MLP, which has no
+    ``ModuleList``) belongs to the root unit, the module itself.
+    """
+    units: list[nn.Module] = []
+    inside: set[int] = set()  # ids of modules already within a chosen block
+    for m in module.modules():  # pre-order: a list is met before the lists inside its blocks
+        if id(m) in inside or not isinstance(m, nn.ModuleList):
+            continue
+        for block in m.children():
+            if any(True for _ in block.parameters()):
+                units.append(block)
+                inside.update(id(x) for x in block.modules())
+    return units
+
+
+def shard_module(
+    module: nn.Module,
+    dp: DataParallel,
+    methods: Collection[str] = (),
+    reshard_root: bool | None = None,
+) -> None:
+    """Shard ``module``'s parameters over ``dp``'s ranks with FSDP2, in place.
+
+    Each of :func:`shard_units` becomes a unit, then the module itself (the root) takes what is
+    left. Gradients are reduce-scattered as sums (divide factor 1) with sum-only collectives
+    (gloo has no average or pre-multiplied sum), because the learner's per-rank losses already
+    carry the whole minibatch's normalisers (:func:`ebrl.algos.loss.sgd_update`).
+
+    Every rank must then run the same forwards and backwards in the same order (each all-gathers
+    and reduce-scatters), and the same parameters must get gradients on every rank (a parameter
+    left out on one rank only would desynchronise the reduce-scatter): a shard may be empty, but
+    its forward still runs. The learner's loop guarantees both.
+
+    Args:
+        module: the model; its parameters become ``DTensor`` shards (dim 0 over the ranks).
+            Any optimiser built on the old parameters is stale: :func:`shard_optimizer`.
+        dp: the group (``dp.mesh``).
+        methods: methods of ``module`` called instead of ``forward`` (a policy's ``dist``,
+            ``value``); FSDP gathers the root's parameters around each (:func:`_hook_method`).
+        reshard_root: free the root's gathered parameters after each forward (None: FSDP's
+            default, keep them until the backward; True for a model that never runs backward).
+    """
+    from torch.distributed.fsdp import FSDPModule, fully_shard
+
+    if not dp.sharded:
+        raise ValueError(f"shard_module: {dp} is not an FSDP group (strategy 'fsdp')")
+    for unit in shard_units(module):
+        fully_shard(unit, mesh=dp.mesh)
+    fully_shard(module, mesh=dp.mesh, reshard_after_forward=reshard_root)
+    for m in module.modules():
+        if isinstance(m, FSDPModule):
+            m.set_gradient_divide_factor(1.0)
+            m.set_force_sum_reduction_for_comms(True)
+    for name in methods:
+        _hook_method(module, name)
+
+
+def _hook_method(module: nn.Module, name: str) -> None:
+    """Make ``module.<name>`` a forward of ``module``'s FSDP root unit.
+
+    FSDP2 runs its pre-forward (gather) and post-forward around a method registered with
+    :func:`~torch.distributed.fsdp.register_fsdp_forward_method`, and hooks the output's tensors
+    for the backward: the root's gradients are reduce-scattered, and its parameters resharded,
+    only if one of them is reached. It finds tensors in tuples, lists and dicts, not inside a
+    ``torch.distributions`` object, which is what a policy's ``dist`` returns (its ``loc`` and
+    ``scale``). So the method FSDP wraps is a twin that returns ``(output, its tensors)``, and
+    ``module.<name>`` returns the output alone: the same object, computed by the same code.
+    """
+    from torch.distributed.fsdp import register_fsdp_forward_method
+
+    orig = getattr(module, name)
+    twin = f"_fsdp_{name}"
+
+    def exposed(*args: Any, **kwargs: Any) -> tuple[Any, list[Tensor]]:
+        out = orig(*args, **kwargs)
+        inside = []
+        if isinstance(out, torch.distributions.Distribution):
+            inside = [v for v in vars(out).values() if torch.is_tensor(v)]
+        return out, inside
+
+    object.__setattr__(module, twin, exposed)
+    register_fsdp_forward_method(module, twin)  # replaces it with FSDP's wrapper of it
+    wrapped = getattr(module, twin)
+
+    def method(*args: Any, **kwargs: Any) -> Any:
+        return wrapped(*args, **kwargs)[0]
+
+    object.__setattr__(module, name, method)
+
+
+def reshard(module: nn.Module) -> None:
+    """Free every gathered (unsharded) parameter of ``module``'s FSDP units: a rank then holds
+    its shards only. A forward without a backward (the KL early stop's, any ``no_grad`` one)
+    leaves the root's parameters gathered until this is called."""
+    from torch.distributed.fsdp import FSDPModule
+
+    for m in module.modules():
+        if isinstance(m, FSDPModule):
+            m.reshard()
+
+
+def gather_full(obj: Any, keep: bool = True) -> Any:
+    """``obj`` (a state dict, an optimiser's state dict: nested dicts, lists and tuples) with
+    every ``DTensor`` all-gathered to its full tensor and every tensor copied to the CPU.
+
+    A collective: every rank calls it on alike-shaped ``obj`` (it walks ``obj`` in order and
+    gathers one tensor at a time, so a rank holds at most one full tensor besides its result).
+    ``keep=False`` takes part in the gathers and returns None (a rank that needs no copy).
+    A module state dict's ``_metadata`` is kept, for ``load_state_dict``.
+    """
+    out = _gather(obj, keep)
+    return out if keep else None
+
+
+def _gather(obj: Any, keep: bool) -> Any:
+    from torch.distributed.tensor import DTensor
+
+    if isinstance(obj, DTensor):
+        full = obj.full_tensor()
+        return full.detach().cpu() if keep else None
+    if torch.is_tensor(obj):
+        return obj.detach().cpu().clone() if keep else None
+    if isinstance(obj, dict):
+        out = type(obj)((k, _gather(v, keep)) for k, v in obj.items())
+        if hasattr(obj, "_metadata"):
+            out._metadata = obj._metadata  # type: ignore[attr-defined]
+        return out
+    if isinstance(obj, list):
+        return [_gather(v, keep) for v in obj]
+    if type(obj) is tuple:
+        return tuple(_gather(v, keep) for v in obj)
+    return obj
+
+
+def shard_like(full: Tensor, param: Tensor) -> Tensor:
+    """This rank's shard of ``full``, sharded as ``param`` is (``full`` itself where ``param``
+    is not a DTensor or the shapes differ, e.g. Adam's scalar ``step``). Every rank holds the
+    same ``full``, so each takes its own part and nothing is communicated."""
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    if not isinstance(param, DTensor) or tuple(full.shape) != tuple(param.shape):
+        return full
+    return distribute_tensor(
+        full.to(param.device, param.dtype), param.device_mesh, param.placements, src_data_rank=None
+    )
+
+
+def shard_optimizer(
+    optimizer: torch.optim.Optimizer,
+    module: nn.Module,
+    dp: DataParallel,
+    methods: Collection[str] = (),
+    reshard_root: bool | None = None,
+) -> torch.optim.Optimizer:
+    """Shard ``module`` (:func:`shard_module`) together with its optimiser, state included.
+
+    ``optimizer`` (over ``module``'s parameters, with whatever state it has: a resumed
+    checkpoint's) is rebuilt, same class, same settings and param groups, on the sharded
+    parameters, and its state is sharded like them; step counters and every param-group entry
+    (learning rate, the env steps :func:`ebrl.algos.loss.anneal_lr` counts) carry over.
+
+    Returns:
+        The new optimiser; the old one must not be stepped again.
+    """
+    names = {id(p): n for n, p in module.named_parameters()}
+    missing = [p for g in optimizer.param_groups for p in g["params"] if id(p) not in names]
+    if missing:
+        raise ValueError(
+            f"shard_optimizer: {len(missing)} of the optimiser's parameters are not the module's; "
+            "FSDP can shard only an optimiser over the module it shards"
+        )
+    groups = [[names[id(p)] for p in g["params"]] for g in optimizer.param_groups]
+    state = optimizer.state_dict()  # keyed by position over the param groups
+    shard_module(module, dp, methods, reshard_root)
+    params = dict(module.named_parameters())
+    new = type(optimizer)(
+        [{"params": [params[n] for n in g]} for g in groups], **optimizer.defaults
+    )
+    order = [params[n] for g in groups for n in g]
+    state["state"] = {
+        i: {k: shard_like(v, order[i]) if torch.is_tensor(v) else v for k, v in s.items()}
+        for i, s in state["state"].items()
+    }
+    new.load_state_dict(state)
+    return new
+
+
+def held_bytes(module: nn.Module, optimizer: torch.optim.Optimizer | None = None) -> dict[str, int]:
+    """Bytes of parameters and of optimiser state this rank holds (a DTensor's local shard only;
+    buffers and gathered copies in flight not counted): ``{"params": ..., "optimizer": ...}``."""
+    from torch.distributed.tensor import DTensor
+
+    def size(t: Tensor) -> int:
+        local = t.to_local() if isinstance(t, DTensor) else t
+        return local.numel() * local.element_size()
+
+    params = sum(size(p) for p in module.parameters())
+    opt = 0
+    if optimizer is not None:
+        opt = sum(
+            size(v) for s in optimizer.state.values() for v in s.values() if torch.is_tensor(v)
+        )
+    return {"params": params, "optimizer": opt}
 
 
 def resolve_backend(backend: str, device: torch.device | str | None = None) -> str:
@@ -185,6 +457,7 @@ def init_group(
     backend: str = "auto",
     timeout_s: float = 300.0,
     device: torch.device | str | None = None,
+    strategy: str = "ddp",
 ) -> DataParallel:
     """Join the default torch.distributed group of ``world`` learner ranks; returns this rank's
     :class:`DataParallel`.
@@ -202,7 +475,10 @@ def init_group(
         timeout_s: rendezvous and collective timeout.
         device: the learner's device; with NCCL it becomes this process's current CUDA device
             (default: the current one).
+        strategy: ``"ddp"`` or ``"fsdp"`` (:class:`DataParallel`).
     """
+    if strategy not in STRATEGIES:  # refused before any rank waits at the rendezvous
+        raise ValueError(f"init_group: strategy {strategy!r}: expected one of {STRATEGIES}")
     backend = resolve_backend(backend, device)
     if tdist.is_initialized():
         raise RuntimeError(
@@ -225,7 +501,7 @@ def init_group(
         world_size=world,
         timeout=datetime.timedelta(seconds=timeout_s),
     )
-    return DataParallel(rank, world, device=comm_device)
+    return DataParallel(rank, world, device=comm_device, strategy=strategy)
 
 
 def free_port(host: str = "127.0.0.1") -> int:

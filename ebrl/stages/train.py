@@ -1,4 +1,12 @@
-"""The training stage: an algorithm updating the learner's policy on segments."""
+"""The training stage: an algorithm updating the learner's policy on segments.
+
+Checkpoints have one layout whatever trained them: the full policy and the full optimiser state of
+a one-rank learner (Adam's moments by parameter position). A learner of L ranks writes it from
+its leader; under FSDP the ranks first gather their shards into it. So a checkpoint written by
+one rank, by DDP ranks or by FSDP ranks resumes under any of the three: every rank loads the full
+state (:meth:`ebrl.stages.factory.StageFactory.train`), and an FSDP rank shards it afterwards
+(:meth:`TrainStage.join`).
+"""
 
 from __future__ import annotations
 
@@ -8,11 +16,23 @@ from pathlib import Path
 from typing import Protocol
 
 import torch
+from torch import nn
 
 from ebrl.algos.loss import optimizer_to
 from ebrl.policies.base import Policy
-from ebrl.runtime.dist import SOLO, DataParallel
+from ebrl.runtime.dist import (
+    SOLO,
+    DataParallel,
+    gather_full,
+    reshard,
+    shard_module,
+    shard_optimizer,
+)
 from ebrl.types import Segment
+
+#: the Policy methods a learner calls as forward passes (``evaluate`` calls both): under FSDP the
+#: root unit's parameters are gathered around each
+LEARNER_METHODS = ("dist", "value")
 
 
 class Algorithm(Protocol):
@@ -39,8 +59,10 @@ class TrainStage:
         extra_epochs: passes per update of the injected load.
         dp: this learner's rank of a data-parallel group (:mod:`ebrl.runtime.dist`): every rank
             trains on the same whole segments, and the algorithm's updates combine their
-            gradients; only the leader (rank 0) writes checkpoints and snapshots. Set on the
-            algorithm as ``algo.dp``. Default: one process.
+            gradients; only the leader (rank 0) writes checkpoints and snapshots. An FSDP group
+            shards the policy and optimiser (:meth:`join`). Every rank must be given the same
+            checkpoint and snapshot settings (under FSDP each save gathers on all ranks).
+            Default: one process.
         device: where the learner trains (None: where the policy already is). The policy and
             its optimiser state (a GRPO reference policy too) are moved there; segments move to
             it per update; :meth:`weights`, checkpoints and snapshots are CPU copies.
@@ -60,14 +82,10 @@ class TrainStage:
         device: torch.device | str | None = None,
     ) -> None:
         self.algo = algo
-        self.dp = dp
-        if dp is not SOLO:
-            if not hasattr(algo, "dp"):
-                raise TypeError(
-                    f"TrainStage: {type(algo).__name__} has no 'dp' attribute, so it cannot "
-                    "train data-parallel; pass dp=SOLO or use PPO / GRPO"
-                )
-            algo.dp = dp  # type: ignore[attr-defined]
+        self.dp = SOLO
+        #: FSDP leader: the full weights (CPU) as of the last update, what it publishes and
+        #: snapshots (the ranks gather them together after every update); None elsewhere
+        self._full: dict[str, torch.Tensor] | None = None
         self.device = torch.device(device) if device is not None else None
         if self.device is not None:
             move = getattr(algo, "to", None)
@@ -77,6 +95,8 @@ class TrainStage:
                 algo.policy.to(self.device)
                 if hasattr(algo, "optimizer"):
                     optimizer_to(algo.optimizer, self.device)
+        if dp is not SOLO:  # after the move: FSDP shards the policy where it trains
+            self.join(dp)
         self.threads = threads
         self.checkpoint = Path(checkpoint) if checkpoint else None
         self.every = max(1, every)
@@ -87,6 +107,38 @@ class TrainStage:
         #: env steps of every segment this learner has trained on, across resumed attempts (the
         #: checkpoint carries it): what a resumed run's driver counts from
         self.trained_env_steps = 0
+
+    def join(self, dp: DataParallel) -> None:
+        """Train as ``dp``'s rank from now on (set on the algorithm as ``algo.dp``).
+
+        With ``dp.strategy == "fsdp"`` the policy is sharded now (FSDP2 units:
+        :func:`ebrl.runtime.dist.shard_units`), its optimiser rebuilt on the shards with its
+        state (a resumed checkpoint's) sharded alike, and a GRPO reference policy sharded too;
+        from here on a rank holds about 1/L of them between updates. Call it once, after the
+        policy reached its device and its checkpoint was loaded, on every rank.
+        """
+        if not hasattr(self.algo, "dp"):
+            raise TypeError(
+                f"TrainStage: {type(self.algo).__name__} has no 'dp' attribute, so it cannot "
+                "train data-parallel; pass dp=SOLO or use PPO / GRPO"
+            )
+        if self.dp is not SOLO:
+            raise RuntimeError(f"TrainStage.join: already a rank of {self.dp}")
+        if dp.sharded:
+            algo = self.algo
+            if not isinstance(getattr(algo, "optimizer", None), torch.optim.Optimizer):
+                raise TypeError(
+                    f"TrainStage: {type(algo).__name__} has no 'optimizer' to shard; FSDP "
+                    "shards a learner's optimiser state with its policy"
+                )
+            # the weights the leader publishes until its first update (gathered ones after)
+            self._full = gather_full(algo.policy.state_dict(), keep=dp.leader)
+            algo.optimizer = shard_optimizer(algo.optimizer, algo.policy, dp, LEARNER_METHODS)
+            reference = getattr(algo, "reference", None)
+            if isinstance(reference, nn.Module):  # forward only: free its gathers at once
+                shard_module(reference, dp, ("dist",), reshard_root=True)
+        self.dp = dp
+        self.algo.dp = dp  # type: ignore[attr-defined]
 
     @property
     def version(self) -> int:
@@ -108,20 +160,57 @@ class TrainStage:
         if loaded:
             extra_passes(self.algo.policy, seg, self.extra_epochs, self.device)
         metrics["train/injected_load"] = float(loaded)
+        save = self.checkpoint is not None and self.version % self.every == 0
+        optimizer_state = None
+        if self.dp.sharded:
+            # between updates a rank holds its shards only (a forward without backward, the KL
+            # stop's, leaves the root's gathered); then the full weights for the replicas and,
+            # when a checkpoint is due, the full optimiser state: collectives, on every rank
+            policy = self.algo.policy
+            reshard(policy)
+            self._full = gather_full(policy.state_dict(), keep=self.dp.leader)
+            if save:
+                optimizer_state = gather_full(
+                    self.algo.optimizer.state_dict(),  # type: ignore[attr-defined]
+                    keep=self.dp.leader,
+                )
         # the staleness histogram: fraction of this segment's decisions v versions old
         for v, count in enumerate(hist.tolist()):
             metrics[f"pipeline/staleness_frac_{v}"] = count / max(1, seg.policy_version.numel())
         # the ranks hold identical learners: the leader alone writes them
         if self.dp.leader:
-            if self.checkpoint is not None and self.version % self.every == 0:
-                save_learner(self.checkpoint, self.algo, self.trained_env_steps)
+            if save:
+                save_learner(
+                    self.checkpoint,  # type: ignore[arg-type]
+                    self.algo,
+                    self.trained_env_steps,
+                    policy_state=self._full,
+                    optimizer_state=optimizer_state,
+                )
             if self.snapshots is not None and self.version % self.snapshot_every == 0:
-                save_snapshot(self.snapshots, self.algo.policy)
+                save_snapshot(self.snapshots, self.algo.policy, self._full)
         return metrics
 
     def weights(self) -> tuple[int, dict[str, torch.Tensor]]:
-        """(version, a detached CPU copy of the policy's state dict), ready to publish."""
-        return self.algo.policy.get_weights()
+        """(version, a detached CPU copy of the policy's full state dict), ready to publish.
+
+        Under FSDP only the leader holds it (gathered after each update); another rank raises.
+        """
+        if not self.dp.sharded:
+            return self.algo.policy.get_weights()
+        return self.version, dict(self.state())
+
+    def state(self) -> dict[str, torch.Tensor]:
+        """The policy's full state dict, for the weight board: its live tensors (no copy), or
+        under FSDP the leader's gathered CPU copy (RuntimeError on another rank)."""
+        if not self.dp.sharded:
+            return self.algo.policy.state_dict()
+        if self._full is None:
+            raise RuntimeError(
+                f"TrainStage.state: rank {self.dp.rank} of an FSDP learner holds shards only; "
+                "the leader (rank 0) holds the full weights"
+            )
+        return self._full
 
 
 def extra_passes(
@@ -141,16 +230,31 @@ def extra_passes(
         policy.zero_grad(set_to_none=True)
 
 
-def save_learner(path: Path, algo: Algorithm, trained_env_steps: int = 0) -> None:
+def save_learner(
+    path: Path,
+    algo: Algorithm,
+    trained_env_steps: int = 0,
+    *,
+    policy_state: dict | None = None,
+    optimizer_state: dict | None = None,
+) -> None:
     """Everything a resumed learner needs to continue exactly: policy weights, version,
     optimiser state, the env steps trained on so far and the learner process's torch random
     state (minibatch shuffles continue their stream; a CUDA learner's CUDA generator state too,
     as ``torch_cuda_rng``). Tensors are saved as CPU copies wherever the learner trains. Written
-    atomically: a kill mid-write leaves the previous checkpoint intact."""
+    atomically: a kill mid-write leaves the previous checkpoint intact.
+
+    ``policy_state`` / ``optimizer_state``: full states gathered from FSDP shards
+    (:func:`ebrl.runtime.dist.gather_full`) to save instead of ``algo``'s own, which are shards.
+    """
+    if policy_state is None:
+        policy_state = algo.policy.state_dict()
+    if optimizer_state is None:
+        optimizer_state = algo.optimizer.state_dict()  # type: ignore[attr-defined]
     state = {
         "version": algo.policy.version,
-        "policy": _cpu(algo.policy.state_dict()),
-        "optimizer": _cpu(algo.optimizer.state_dict()),
+        "policy": _cpu(policy_state),
+        "optimizer": _cpu(optimizer_state),
         "trained_env_steps": int(trained_env_steps),
         "torch_rng": torch.get_rng_state(),
     }
@@ -162,12 +266,14 @@ def save_learner(path: Path, algo: Algorithm, trained_env_steps: int = 0) -> Non
     os.replace(tmp, path)
 
 
-def save_snapshot(folder: Path, policy: Policy) -> Path:
-    """The policy's weights and version as ``folder/v<version>.pt`` (atomic)."""
+def save_snapshot(folder: Path, policy: Policy, state: dict | None = None) -> Path:
+    """The policy's weights and version as ``folder/v<version>.pt`` (atomic); ``state``: its
+    full state dict when the policy's own is FSDP shards."""
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"v{policy.version:07d}.pt"
     tmp = path.with_suffix(".tmp")
-    torch.save({"version": policy.version, "policy": _cpu(policy.state_dict())}, tmp)
+    weights = policy.state_dict() if state is None else state
+    torch.save({"version": policy.version, "policy": _cpu(weights)}, tmp)
     os.replace(tmp, path)
     return path
 

@@ -47,6 +47,7 @@ from ebrl.resources.model import split_groups as env_groups
 from ebrl.resources.shape import ShapeChoice, SteadyRate, recalibrate
 from ebrl.runtime.backend import InProcessBackend, RayBackend, WorkerDied
 from ebrl.runtime.channel import Inbox, Outbox, new_authkey, node_ip
+from ebrl.runtime.dist import STRATEGIES
 from ebrl.runtime.placement import Ask, Placement, cluster_nodes, describe, place, ray_options
 from ebrl.runtime.slots import ShmSlots, SlotSpec
 from ebrl.schedulers.base import IterationReport, RunContext, StageError
@@ -150,6 +151,10 @@ class EBRLScheduler:
         gen_gpus: the GPU share each replica asks for (0: CPU; < 1: a share of one GPU, an
             MPS quota of that many SMs on an MPS-enabled GPU); needs ``backend=ray``.
         learner_gpus: the GPU share each learner rank asks for (as ``gen_gpus``).
+        learner_strategy: ``ddp`` (every learner rank holds the whole policy and optimiser) or
+            ``fsdp`` (torch FSDP2 shards parameters, gradients and optimiser state over the
+            ranks, ~1/L each; needs ``learner_ranks >= 2`` and ``backend=ray``); the update,
+            the published weights and the checkpoint are the same either way.
     """
 
     backend: str = "ray"
@@ -173,6 +178,7 @@ class EBRLScheduler:
     weight_board: bool = True
     gen_gpus: float = 0.0
     learner_gpus: float = 0.0
+    learner_strategy: str = "ddp"
 
     def __post_init__(self) -> None:
         self.shape_choice: ShapeChoice | None = None  # the last run's, when it was searched
@@ -215,6 +221,18 @@ class EBRLScheduler:
                     f"scheduler.{role}_gpus={share} needs scheduler.backend=ray (Ray places "
                     "stages on GPUs)"
                 )
+        if self.learner_strategy not in STRATEGIES:
+            raise ValueError(
+                f"scheduler.learner_strategy={self.learner_strategy!r}: choose one of "
+                f"{', '.join(STRATEGIES)}"
+            )
+        if self.learner_strategy == "fsdp" and (self.backend != "ray" or self.learner_ranks < 2):
+            raise ValueError(
+                "scheduler.learner_strategy=fsdp shards the policy over the learner ranks, each "
+                "a process of its own, so it needs scheduler.learner_ranks>=2 and "
+                f"scheduler.backend=ray (got learner_ranks={self.learner_ranks}, "
+                f"backend={self.backend}): set both, or use scheduler.learner_strategy=ddp"
+            )
         if self.learner_ranks > 1 and self.backend != "ray":
             raise ValueError(
                 f"scheduler.learner_ranks={self.learner_ranks} needs scheduler.backend=ray: "
@@ -379,7 +397,14 @@ class EBRLScheduler:
             ]
             learners = []
             for rank in range(roles.ranks):
-                args = (rank, roles.ranks, self.weight_board, os.getpid(), self._device("learner"))
+                args = (
+                    rank,
+                    roles.ranks,
+                    self.weight_board,
+                    os.getpid(),
+                    self._device("learner"),
+                    self.learner_strategy,
+                )
                 learners.append(
                     spawn(
                         learner_name(rank), "learner", LearnerWorker, factory, authkey, host, *args

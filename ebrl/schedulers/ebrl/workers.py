@@ -695,13 +695,17 @@ class LearnerWorker(_Worker):
     """One rank of the learner. Rank 0, the leader, assembles segments from the env workers'
     parts, hands each to the other ranks, trains, publishes the weights to every replica and
     reports; ranks >= 1 train on what the leader hands them (every rank trains on its shard of
-    each minibatch; the gradients are summed across ranks, ``ebrl.runtime.dist``).
+    each minibatch; the gradients are summed across ranks, ``ebrl.runtime.dist``). Under FSDP
+    the ranks gather the full weights together after every update, and the leader publishes them.
 
     Args:
         rank: this rank (0: the leader).
         world: L, the learner's ranks.
         board: leader only: publish the weights on a shared-memory board (replicas on this
             machine read it; a replica elsewhere gets them inline). False: always inline.
+        owner_pid: the driver's pid, which the board is named for.
+        device: where the stage trains.
+        strategy: ``ddp`` or ``fsdp`` (:mod:`ebrl.runtime.dist`), for ``world > 1``.
     """
 
     name = "learner"
@@ -716,9 +720,11 @@ class LearnerWorker(_Worker):
         board: bool = True,
         owner_pid: int = 0,
         device: str = "cpu",
+        strategy: str = "ddp",
     ) -> None:
         super().__init__(factory, authkey, driver_host)
         self.rank, self.world = rank, world
+        self.strategy = strategy
         self.name = learner_name(rank)
         self.use_board = board and rank == 0
         self.owner_pid = owner_pid or os.getpid()
@@ -741,7 +747,9 @@ class LearnerWorker(_Worker):
         return address, dist, self.board.spec if self.board is not None else None
 
     def _state(self) -> dict[str, torch.Tensor]:
-        return self.stage.algo.policy.state_dict()
+        """The full weights to publish (under FSDP the leader's copy gathered after each
+        update; before sharding, at ``open``, the whole policy's own)."""
+        return self.stage.state()
 
     def _connect(self, links: Links) -> None:
         # replica -> (its inbox, whether it reads the board); None while a dead one is replaced
@@ -752,8 +760,10 @@ class LearnerWorker(_Worker):
         if links.world > 1:
             assert links.dist is not None
             device = next(self.stage.algo.policy.parameters()).device
-            self.dp = init_group(links.rank, links.world, links.dist, device=device)
-            self.stage.dp = self.stage.algo.dp = self.dp
+            self.dp = init_group(
+                links.rank, links.world, links.dist, device=device, strategy=self.strategy
+            )
+            self.stage.join(self.dp)  # FSDP: every rank keeps its shards of the loaded state
         if self.plan.train_resources is not None:
             self.apply_resources(self.plan.train_resources)
 
