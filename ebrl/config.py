@@ -54,6 +54,73 @@ class ManiSkillSim:
     reward_mode: str = "normalized_dense"
 
 
+class LiberoSuite(StrEnum):
+    libero_spatial = "libero_spatial"
+    libero_object = "libero_object"
+    libero_goal = "libero_goal"
+    libero_10 = "libero_10"
+    libero_90 = "libero_90"
+
+
+class LiberoObsMode(StrEnum):
+    state = "state"
+    state_rgb = "state_rgb"
+
+
+class LiberoInitStates(StrEnum):
+    suite = "suite"
+    sampled = "sampled"
+
+
+class RenderBackend(StrEnum):
+    egl = "egl"
+    osmesa = "osmesa"
+
+
+@dataclass
+class LiberoSim:
+    """A LIBERO task on CPU physics (robosuite 1.4 + MuJoCo; ``make setup-libero``).
+
+    ``conf/simulator/libero.yaml``; the adapter is :class:`ebrl.envs.libero.LiberoEnv`.
+    """
+
+    _target_: str = "ebrl.envs.libero.LiberoEnv"
+    #: the suite (LIBERO's name for it)
+    task: LiberoSuite = LiberoSuite.libero_spatial
+    #: a task's index in the suite, or "all": env i runs task i mod n_tasks
+    task_id: str = "all"
+    #: state, or state_rgb: the state then the agentview and wrist cameras, flattened
+    obs_mode: LiberoObsMode = LiberoObsMode.state
+    #: height and width of each camera image (state_rgb), pixels
+    camera_size: int = 128
+    #: time limit; the yaml sets the suite's (ebrl.libero_max_steps)
+    max_episode_steps: int = 220
+    #: suite: the suite's fixed initial states, picked by the reset seed; sampled: LIBERO's
+    #: placement sampler, seeded by the reset seed
+    init_states: LiberoInitStates = LiberoInitStates.suite
+    #: offscreen renderer of the cameras: egl (Mesa llvmpipe on CPU) or osmesa
+    render_backend: RenderBackend = RenderBackend.egl
+
+
+def check_libero(sim: LiberoSim) -> None:
+    """Value checks of ``simulator=libero`` that types cannot express (task id range, sizes)."""
+    from ebrl.envs.libero import suite_info, task_index
+
+    n = suite_info(sim.task).n_tasks
+    try:
+        task_index(sim.task_id, 0, n)
+    except ValueError as e:
+        raise ConfigError(f"{e} (simulator.task={sim.task.value} has {n} tasks)") from None
+    _check(
+        sim.max_episode_steps >= 1,
+        f"simulator.max_episode_steps={sim.max_episode_steps}: must be >= 1",
+    )
+    _check(
+        sim.obs_mode != LiberoObsMode.state_rgb or 8 <= sim.camera_size <= 1024,
+        f"simulator.camera_size={sim.camera_size}: cameras need 8..1024 pixels a side",
+    )
+
+
 class CostMode(StrEnum):
     burn = "burn"
     sleep = "sleep"
@@ -326,7 +393,7 @@ def __getattr__(name: str) -> Any:
 
 # === issue 6: hardware, resources, launcher; GPU-cluster policies and simulators ==============
 # Nodes of the gpu/, resources/ and launcher/ groups, of the GPU-only policies (pi0, gr00t,
-# openvla_oft, dreamzero) and of the simulators ebrl has no CPU adapter for (libero, robocasa,
+# openvla_oft, dreamzero) and of the simulators ebrl has no CPU adapter for (robocasa,
 # behavior). check_machine() (called by validate()) refuses, before any work starts, a config this
 # machine cannot run, and names what to install or change; the machine comes in as data
 # (ebrl.hardware.MachineFacts), so the check is pure and tested on made-up machines.
@@ -587,6 +654,11 @@ def check_machine(run: RunConfig, machine: MachineFacts) -> None:
                 f"simulator={sim_name} needs the environment variable {var}: "
                 f"{getattr(sim, 'assets_install', '') or 'set it'}",
             )
+    if isinstance(sim, LiberoSim):
+        from ebrl.envs.libero import setup_problem
+
+        found = setup_problem(machine.find_package, machine.path_exists, machine.env, machine.where)
+        _check(found is None, str(found))
     assets = getattr(sim, "assets", None)
     if assets and machine.path_exists is not None and (folder or "{package}" not in assets):
         path = assets.replace("{package}", folder or "")
@@ -679,6 +751,13 @@ def _sbatch_extra(requeue: bool, exclusive: bool) -> dict[str, Any]:
     if exclusive:
         extra["exclusive"] = True
     return extra
+
+
+def _libero_max_steps(suite: Any) -> int:
+    """``${ebrl.libero_max_steps:${.task}}``: the LIBERO suite's episode length."""
+    from ebrl.envs.libero import max_steps_of
+
+    return max_steps_of(suite)
 
 
 def _none_if_zero(value: Any) -> Any:
@@ -811,6 +890,7 @@ _NODES: list[tuple[str, str, type]] = [
     ("simulator", "maniskill_schema", ManiSkillSim),
     ("simulator", "synthetic_schema", SyntheticSim),
     ("simulator", "counting_schema", CountingSim),
+    ("simulator", "libero_schema", LiberoSim),
     ("policy", "mlp_schema", MLPPolicyNode),
     ("policy", "transformer_schema", TransformerPolicyNode),
     ("algo", "ppo_schema", PPONode),
@@ -853,6 +933,7 @@ def register() -> None:
         )
     OmegaConf.register_new_resolver("ebrl.sbatch_extra", _sbatch_extra, replace=True)
     OmegaConf.register_new_resolver("ebrl.none_if_zero", _none_if_zero, replace=True)
+    OmegaConf.register_new_resolver("ebrl.libero_max_steps", _libero_max_steps, replace=True)
 
 
 def schemas() -> list[tuple[str, str, type]]:
@@ -1066,6 +1147,8 @@ def validate(cfg: DictConfig, machine: MachineFacts | None = None) -> RunConfig:
     if isinstance(run.simulator, SyntheticSim):
         _check(run.simulator.step_cost_ms >= 0, "simulator.step_cost_ms must be >= 0")
         _check(run.simulator.tail_ratio >= 1.0, "simulator.tail_ratio (P99/mean) must be >= 1")
+    if isinstance(run.simulator, LiberoSim):
+        check_libero(run.simulator)
     check_machine(run, machine if machine is not None else local_machine())
     check_issue6_values(run)
     return run

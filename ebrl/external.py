@@ -1,8 +1,9 @@
 """Stand-ins for what runs only on GPU clusters: the paper's VLA policies and simulators.
 
-``conf/policy/{pi0,gr00t,openvla_oft,dreamzero}.yaml`` and ``conf/simulator/{libero,robocasa,
+``conf/policy/{pi0,gr00t,openvla_oft,dreamzero}.yaml`` and ``conf/simulator/{robocasa,
 behavior}.yaml`` describe the paper's workloads (model size, action chunk, the package they need),
-so sweeps over them compose, validate and dry-run anywhere. Building one never pretends: without a
+so sweeps over them compose, validate and dry-run anywhere. (LIBERO has an adapter of its own,
+``ebrl.envs.libero``, which runs on CPU.) Building one never pretends: without a
 GPU or its package it raises :class:`UnavailableHere` naming what is missing; with both, it says
 that these runs go through RLinf (the system EBRL extends) rather than ebrl's in-process engine.
 ``ebrl.config.validate`` catches the same cases earlier, before any work starts.
@@ -65,7 +66,7 @@ class GPUPolicy:
 
 
 class ExternalSimulator:
-    """A simulator ebrl has no CPU adapter for (LIBERO, RoboCasa, BEHAVIOR): constructing raises.
+    """A simulator ebrl has no adapter for (RoboCasa, BEHAVIOR): constructing raises.
 
     Args:
         name: the simulator option (``simulator=<name>``).

@@ -149,5 +149,5 @@ def test_gpu_policy_target_never_pretends_on_a_gpu(monkeypatch):
 
 def test_external_simulator_target_raises_clearly(monkeypatch):
     monkeypatch.setattr(external, "local_machine", lambda: machine(packages={}))
-    err = build_error(make_cfg(["simulator=libero"]).simulator)
-    assert isinstance(err, external.UnavailableHere) and "'libero'" in str(err)
+    err = build_error(make_cfg(["simulator=robocasa"]).simulator)
+    assert isinstance(err, external.UnavailableHere) and "'robocasa'" in str(err)

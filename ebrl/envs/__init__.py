@@ -1,7 +1,7 @@
 """Simulators behind one interface (:class:`Env`) and the chunked env group that steps them.
 
-``ManiSkillEnv`` is imported lazily (on first attribute access) so that importing ``ebrl.envs``
-never needs ManiSkill, SAPIEN or a Vulkan driver.
+``ManiSkillEnv`` and ``LiberoEnv`` are imported lazily (on first attribute access) so that importing
+``ebrl.envs`` never needs ManiSkill, SAPIEN, a Vulkan driver, LIBERO or MuJoCo.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from ebrl.envs.synthetic import SyntheticCostEnv
 from ebrl.envs.vulkan import ensure_vulkan
 
 if TYPE_CHECKING:
+    from ebrl.envs.libero import LiberoEnv
     from ebrl.envs.maniskill import ManiSkillEnv
 
 __all__ = [
@@ -21,6 +22,7 @@ __all__ = [
     "Env",
     "EnvGroup",
     "EnvSpec",
+    "LiberoEnv",
     "ManiSkillEnv",
     "StepResult",
     "SyntheticCostEnv",
@@ -34,4 +36,8 @@ def __getattr__(name: str) -> Any:
         from ebrl.envs.maniskill import ManiSkillEnv
 
         return ManiSkillEnv
+    if name == "LiberoEnv":
+        from ebrl.envs.libero import LiberoEnv
+
+        return LiberoEnv
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

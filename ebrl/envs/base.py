@@ -60,6 +60,10 @@ class Env(Protocol):
     def close(self) -> None: ...
 
 
+#: env.step durations each env keeps for its latency percentiles (EnvGroup.step_latency)
+LATENCY_WINDOW = 1024
+
+
 def reset_seed(seed: int, reset_group: int, episode_id: int, stream: int = 0) -> int:
     """Deterministic reset seed for an episode; distinct inputs give distinct streams.
 
@@ -106,6 +110,10 @@ class EnvGroup:
         self._obs = np.zeros((len(envs), self.spec.obs_dim), dtype=np.float32)
         #: seconds spent inside the simulator (env.step / env.reset), for stage accounting
         self.sim_seconds = 0.0
+        #: each env's last LATENCY_WINDOW env.step durations, seconds (a ring per env), and how
+        #: many steps each has taken: the per-env step latency (:meth:`step_latency`)
+        self._lat = np.zeros((len(envs), LATENCY_WINDOW), dtype=np.float64)
+        self._lat_steps = np.zeros(len(envs), dtype=np.int64)
 
     def __len__(self) -> int:
         return len(self.envs)
@@ -171,8 +179,12 @@ class EnvGroup:
         out.episode_id[row] = self.episode_id[i]
         out.episode_step[row] = self.episode_step[i]
         obs = self._obs[i]
+        lat, at = self._lat[i], int(self._lat_steps[i])
+        clock = time.perf_counter
         for j in range(actions.shape[0]):
+            t = clock()
             r = env.step(actions[j])
+            lat[(at + j) % LATENCY_WINDOW] = clock() - t
             obs = r.obs
             out.reward[row, j] = r.reward
             out.n_steps[row] = j + 1
@@ -182,6 +194,7 @@ class EnvGroup:
                 out.truncated[row] = r.truncated and not r.terminated
                 break
         out.final_obs[row] = obs
+        self._lat_steps[i] += out.n_steps[row]
         self.episode_step[i] += out.n_steps[row]
         if out.terminated[row] or out.truncated[row]:
             self.episode_id[i] += 1
@@ -189,6 +202,20 @@ class EnvGroup:
             obs = self._reset_one(i)
         self._obs[i] = obs
         out.next_obs[row] = obs
+
+    def step_latency(self) -> dict[int, tuple[float, float, int]]:
+        """Each env's ``env.step`` latency over its last LATENCY_WINDOW steps: env id ->
+        (P50 seconds, P99 seconds, steps taken in all); envs that have not stepped are left out.
+
+        Where step costs differ between envs (contact-rich LIBERO scenes, stragglers), this is
+        what the resource manager and the motivation figure read.
+        """
+        out = {}
+        for i, n in enumerate(self._lat_steps):
+            if n:
+                p50, p99 = np.percentile(self._lat[i, : min(int(n), LATENCY_WINDOW)], (50, 99))
+                out[int(self.env_ids[i])] = (float(p50), float(p99), int(n))
+        return out
 
     def close(self) -> None:
         for e in self.envs:

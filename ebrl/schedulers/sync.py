@@ -59,5 +59,7 @@ class SyncScheduler:
             with tl.span("sync", "learner"):
                 st.gen.load(*st.train.weights())
             metrics.update(episodes.drain())
+            for s in st.sims:  # each env's step latency (P50/P99 of its last steps)
+                metrics.update(s.gauges())
             yield IterationReport(iteration=it, env_steps=seg.num_steps, metrics=metrics)
             it += 1

@@ -29,5 +29,15 @@ class SimStage:
         """Every env in the chunk runs its K actions (or until its episode ends)."""
         return self.group.step_chunk(chunk)
 
+    def gauges(self) -> dict[str, float]:
+        """Per-env step latency, milliseconds: ``sim/env<id>/step_ms_p50`` and ``_p99`` over
+        each env's last steps (:meth:`EnvGroup.step_latency`); computed when asked, never on
+        the stepping path."""
+        out = {}
+        for env_id, (p50, p99, _) in self.group.step_latency().items():
+            out[f"sim/env{env_id}/step_ms_p50"] = p50 * 1e3
+            out[f"sim/env{env_id}/step_ms_p99"] = p99 * 1e3
+        return out
+
     def close(self) -> None:
         self.group.close()

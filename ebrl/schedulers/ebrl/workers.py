@@ -17,6 +17,7 @@ import threading
 import time
 import traceback
 from collections import OrderedDict, deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -190,15 +191,20 @@ class _Worker:
         threading.Thread(target=beat, daemon=True, name=f"ebrl-beat-{self.name}").start()
         return stop
 
-    def flush(self, gauges: dict[str, float] | None = None, force: bool = False) -> None:
-        """Send spans recorded since the last flush (at most every 0.25 s unless forced)."""
+    def flush(
+        self,
+        gauges: dict[str, float] | Callable[[], dict[str, float]] | None = None,
+        force: bool = False,
+    ) -> None:
+        """Send spans recorded since the last flush (at most every 0.25 s unless forced), with
+        ``gauges`` (a callable is only called when the message goes out)."""
         now = time.perf_counter()
         if not force and now - self._last_flush < 0.25:
             return
         self._last_flush = now
         spans = self.timeline.spans[self._sent_spans :]
         self._sent_spans += len(spans)
-        g = dict(gauges or {})
+        g = dict((gauges() if callable(gauges) else gauges) or {})
         # the whole process's CPU: minus the stage spans' CPU, what the engine itself costs
         g[f"resource/{self.name}/cpu_s"] = time.process_time()
         self.driver.send(Telemetry(self.name, list(spans), g))
@@ -401,7 +407,13 @@ class EnvWorker(_Worker):
                 seg = builder.pop()
                 self.learner.send(Part(seg_index, self.index, seg, episodes.take()))
                 seg_index += 1
-            self.flush({"fault/gen_dropped_chunks": float(self.dropped_chunks)})
+            # with each env's step latency (P50/P99 of its last steps), when the message goes
+            self.flush(
+                lambda: {
+                    "fault/gen_dropped_chunks": float(self.dropped_chunks),
+                    **self.stage.gauges(),
+                }
+            )
 
 
 # --- generation -------------------------------------------------------------------------------
