@@ -180,7 +180,10 @@ def _kill_when(run_dir, updates: int, title: str, done: list) -> None:
             continue
 
 
-@pytest.mark.parametrize("step_level", [False, True])
+@pytest.mark.parametrize(
+    "step_level",
+    [False, pytest.param(True, marks=pytest.mark.slow)],  # `make test-slow`
+)
 def test_a_dead_generator_is_replaced_and_no_transition_is_lost(step_level, tmp_path):
     """SIGKILL of the generator's process mid-run: a replacement takes the newest weights, its
     env workers hand their envs over, and the run finishes with the staleness bound held (the
