@@ -31,6 +31,8 @@ help:
 	@echo "               run a paper table/figure (CPU size here; SIZE=full: Slurm); see REPRODUCE.md"
 	@echo "make sweep SWEEP=<name> [SIZE=cpu|full] [ARGS=...]   any sweep of conf/sweep/"
 	@echo "make ui [UI_PORT=5000]   the MLflow UI on 127.0.0.1 over outputs/mlflow"
+	@echo "make mlflow-server [HOST=127.0.0.1] [PORT=5000]   a tracking server for multi-node sweeps; prints the TRACKING_URI=... to give targets"
+	@echo "make fig-motivation [SIZE=cpu|full]   the paper's motivation measurements beside ours (CPU ~8 min, estimated; SIZE=full: a dry run)"
 
 setup: $(STAMP) $(VULKAN)
 
@@ -75,7 +77,7 @@ run: setup
 
 # One short training run (PPO, MLP policy, synchronous scheduler) with a progress bar.
 train: setup
-	$(PY) -m ebrl.train budget.env_steps=60000 tracking.experiment=make-train
+	$(PY) -m ebrl.train budget.env_steps=60000 tracking.experiment=make-train $(_TRACK)
 
 test: setup setup-libero
 	$(PY) -m pytest -q
@@ -237,3 +239,56 @@ ui:
 	  --host 127.0.0.1 --port $(UI_PORT) --workers 1 \
 	  --backend-store-uri sqlite:///$(abspath $(MLFLOW_STORE))/mlflow.db \
 	  --artifacts-destination $(abspath $(MLFLOW_STORE))/mlartifacts
+
+# make mlflow-server [HOST=127.0.0.1] [PORT=5000] [MLFLOW_STORE=outputs/mlflow]: an MLflow
+# tracking server for sweeps whose jobs run on several nodes. On a cluster, start it on the login
+# node with HOST=<that node's address on the cluster network> (or HOST=0.0.0.0), then point any
+# target at the URI it prints: make table-headline SIZE=full TRACKING_URI=http://<host>:<port>.
+# make ui's settings (one worker, no job runner); runs in $(MLFLOW_STORE)/mlflow.db, artifacts
+# uploaded through the server into $(MLFLOW_STORE)/mlartifacts (jobs need no shared file system
+# for them). MLflow answers only requests addressed to a host it allows (its DNS-rebinding
+# guard): HOST, this machine's name, loopback and private addresses. HOST and PORT are taken
+# from the command line only (a shell's own HOST variable is not an address to listen on).
+ifneq ($(origin HOST),command line)
+HOST := 127.0.0.1
+endif
+ifneq ($(origin PORT),command line)
+PORT := 5000
+endif
+_SERVER_NAME = $(if $(filter 0.0.0.0 ::,$(HOST)),$(shell hostname -f),$(HOST))
+_LOOPBACK = $(filter 127.0.0.1 localhost ::1,$(HOST))
+_PRIVATE = 10.*,192.168.*,172.1[6-9].*,172.2[0-9].*,172.3[01].*
+_LOCAL = localhost,localhost:*,127.0.0.1,127.0.0.1:*
+_ALLOWED = $(HOST),$(HOST):*,$(_SERVER_NAME),$(_SERVER_NAME):*,$(_LOCAL),$(_PRIVATE)
+
+.PHONY: mlflow-server fig-motivation
+mlflow-server:
+	@mkdir -p $(MLFLOW_STORE)/mlartifacts
+	@echo "MLflow tracking server (store: $(MLFLOW_STORE); Ctrl-C stops it). Point sweeps at it with:"
+	@echo "  TRACKING_URI=http://$(_SERVER_NAME):$(PORT)"
+	@echo "  e.g. make table-headline SIZE=full TRACKING_URI=http://$(_SERVER_NAME):$(PORT)"
+	MLFLOW_SERVER_ENABLE_JOB_EXECUTION=false exec $(VENV)/bin/mlflow server \
+	  --host $(HOST) --port $(PORT) --workers 1 \
+	  --backend-store-uri sqlite:///$(abspath $(MLFLOW_STORE))/mlflow.db \
+	  --artifacts-destination $(abspath $(MLFLOW_STORE))/mlartifacts \
+	  $(if $(_LOOPBACK),,--allowed-hosts '$(_ALLOWED)')
+
+# make fig-motivation [SIZE=cpu|full] [SUBMIT=1]: the paper's motivation measurements (GPU
+# utilisation and SM occupancy, CPU cores busy, the simulator step-latency tail, trajectories
+# shortening), ours beside the paper's. CPU size: sweep `motivation` (Colocated, Hybrid, Async,
+# EBRL on the embedded default, 20 updates each, every core sampled every 0.2 s, and a learning
+# run; one run at a time, ~8 min here by estimate), then analysis.motivation writes the table, figures and
+# data into results/motivation-cpu/. SIZE=full prints the GPU-node sweep (motivation_full: pi0 on
+# LIBERO, one 8-GPU H100 node per run, NVML sampled) as a dry run; SIZE=full SUBMIT=1 submits it
+# to Slurm and draws the report when its jobs are done.
+_MOT_OUT = outputs/sweeps/motivation-$(SIZE)/$(NOW)
+fig-motivation: setup
+ifeq ($(SIZE)-$(SUBMIT),full-)
+	$(PY) -m ebrl.launch --dry-run motivation_full --out $(_MOT_OUT) \
+	  tracking.experiment=motivation-full-$(NOW) $(_TRACK) $(ARGS)
+	@echo; echo "a dry run: make fig-motivation SIZE=full SUBMIT=1 submits it (from a login node)"
+else
+	$(PY) -m ebrl.launch motivation$(_SFX) --out $(_MOT_OUT) \
+	  tracking.experiment=motivation-$(SIZE)-$(NOW) $(_TRACK) $(ARGS)
+	$(PY) -m analysis.motivation --runs $(_MOT_OUT) --out results/motivation-$(SIZE)
+endif

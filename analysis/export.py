@@ -4,8 +4,10 @@ Everything downstream (``analysis.stats``, ``analysis.tables``, ``analysis.figur
 ``analysis.report``) reads only these files, so a report reruns offline from a committed folder.
 
 ``runs.csv``: ``run_id``, ``run_name``, ``experiment``, ``status``, ``start_time``, ``end_time``,
-the run's tags (``scheduler``, ``policy``, ``simulator``, ``algo``, ``seed``, ``git_commit``,
-``machine``, ``implementation``, then any others but MLflow's own), ``scheduler_variant`` (the
+the run's tags (``scheduler``, ``policy``, ``simulator``, ``gpu``, ``algo``, ``seed``,
+``git_commit``, ``machine``, ``implementation``, then any others but MLflow's own: runs since the
+config options are recorded also have ``scheduler_class``, ``policy_class``, ``simulator_task``),
+``scheduler_variant`` (the
 scheduler with its switched-off levels and a non-static allocator, e.g. ``ebrl[-overlap]+elastic``
 or, for runs tagged with class names, ``EBRLScheduler[-overlap]+elastic``; real RLinf by its mode,
 ``rlinf_async``: what tables compare, so differently set runs never pool), the
@@ -21,7 +23,8 @@ step), ``timestamp`` (ms since the epoch), ``key``, ``value``.
 
 A requested metric that a run lacks, or an experiment without runs, is an :class:`ExportError`
 naming them; with ``allow_missing`` the cells are written as explicit NaN and ``export.json`` (the
-report and provenance) lists them. Runs that did not finish are left out and listed.
+report and provenance) lists them. Runs that did not finish are left out and listed, and so is
+a sweep's own run (``ebrl.launch``'s parent of the jobs' runs, tagged ``run_kind=sweep``).
 
 With ``--traces`` each run's ``timeline.json`` artifact is copied to ``traces/<run_id>.json`` for
 the Gantt figure.
@@ -95,11 +98,22 @@ KEY_PARAMS = (
     "budget.minutes",
 )
 #: params that differ between runs by construction: never exported as "varying"
-PER_RUN_PARAMS = ("run_dir", "seed", "tracking.run_name", "tracking.store", "tracking.uri")
+PER_RUN_PARAMS = (
+    "run_dir",
+    "seed",
+    "tracking.run_name",
+    "tracking.store",
+    "tracking.uri",
+    "tracking.parent_run_id",
+)
+#: the tag ``ebrl.launch`` sets on a sweep's own run (the parent of its jobs' runs): not a job,
+#: never exported as one
+SWEEP_RUN_TAG = ("run_kind", "sweep")
 STANDARD_TAGS = (
     "scheduler",
     "policy",
     "simulator",
+    "gpu",
     "algo",
     "seed",
     "git_commit",
@@ -127,6 +141,8 @@ class ExportReport:
     empty: list[str] = field(default_factory=list)
     #: runs left out because they did not finish: "name (id): STATUS"
     excluded: list[str] = field(default_factory=list)
+    #: sweeps' own runs (the parents of the jobs' runs) left out: "name (id)"
+    sweeps: list[str] = field(default_factory=list)
     #: "name (id)" -> requested metric keys the run does not have
     missing: dict[str, list[str]] = field(default_factory=dict)
 
@@ -138,6 +154,7 @@ class ExportReport:
         out = [f"exported {self.n_runs} runs, {self.n_curve_points} curve points from {where}"]
         out += [f"empty: {e}" for e in self.empty]
         out += [f"left out (not finished): {r}" for r in self.excluded]
+        out += [f"left out (a sweep's own run, parent of its jobs): {r}" for r in self.sweeps]
         out += [f"missing (NaN / no rows): {r}: {', '.join(k)}" for r, k in self.missing.items()]
         return out
 
@@ -272,12 +289,15 @@ def export_runs(
     kept: list[tuple[str, Any]] = []
     for name, exp_id in exps.items():
         runs = _search(client, [exp_id], flt)
-        if not runs and experiments:
+        jobs = [r for r in runs if r.data.tags.get(SWEEP_RUN_TAG[0]) != SWEEP_RUN_TAG[1]]
+        if not jobs and experiments:
             report.empty.append(
                 f"experiment {name!r} has no runs" + (f" where {flt}" if flt else "")
             )
         for r in runs:
-            if r.info.status in statuses:
+            if r.data.tags.get(SWEEP_RUN_TAG[0]) == SWEEP_RUN_TAG[1]:
+                report.sweeps.append(_label(r))
+            elif r.info.status in statuses:
                 kept.append((name, r))
             else:
                 report.excluded.append(f"{_label(r)}: {r.info.status}")

@@ -799,6 +799,33 @@ class TrackingConfig:
     experiment: str = "ebrl"
     #: MLflow run name (None: scheduler-policy-simulator-seed)
     run_name: str | None = None
+    #: the sweep's parent run: this run is its child (``mlflow.parentRunId``). ``ebrl.launch``
+    #: sets it for every job of a sweep; a run started by hand has none
+    parent_run_id: str | None = None
+    #: MLflow's system metrics (CPU, memory, disk, network; GPUs through NVML) every
+    #: ``system_metrics_interval_s``: ``auto`` logs them where a GPU is visible and not on a
+    #: CPU-only machine, where the sampler would take time from a timing run's few cores;
+    #: ``true`` / ``false`` force it
+    system_metrics: str = "auto"
+    system_metrics_interval_s: float = 10.0
+    #: sample every CPU core this job may use and every visible GPU (utilisation, SM occupancy
+    #: where the driver exposes it, memory) every ``utilisation_interval_s`` into the run
+    #: folder's ``utilisation.csv`` (``ebrl.utilisation``; the motivation figure reads it)
+    utilisation: bool = False
+    utilisation_interval_s: float = 0.2
+
+    def __post_init__(self) -> None:
+        # Hydra parses `tracking.system_metrics=true` as a bool, which the str field keeps as
+        # "True": every spelling is normalised here, and anything else is refused by name
+        mode = str(self.system_metrics).strip().lower()
+        if mode not in ("auto", "true", "false"):
+            raise ConfigError(
+                f"tracking.system_metrics={self.system_metrics!r}: one of auto, true, false"
+            )
+        self.system_metrics = mode
+        for key in ("system_metrics_interval_s", "utilisation_interval_s"):
+            if not getattr(self, key) > 0:
+                raise ConfigError(f"tracking.{key}={getattr(self, key)}: must be > 0 seconds")
 
 
 @dataclass

@@ -16,6 +16,15 @@ Usage::
 The dry run prints, per array: the sbatch parameters (partition, time, nodes, GPUs, CPUs,
 constraint or GRES from the gpu group, ``--array=0-N%P``, requeue), the ``#SBATCH`` header
 Submitit would write, the Hydra command that submits it, and each job's equivalent command.
+
+In MLflow a launched sweep is one run with a child per job: before any job starts, a run named
+after the sweep is created in the experiment the jobs log to (tagged ``run_kind=sweep``, the
+sweep, the commit, the command and the output folder; the plan is its description and its
+artifacts), and every job gets its id as ``tracking.parent_run_id=<id>`` on the Hydra command line
+(so it is in the pickled job Submitit runs, and in a requeued or resumed job; the job's run is
+tagged ``mlflow.parentRunId``). The sweep's run ends when its jobs do: FINISHED when every array
+succeeded and every child run finished, FAILED otherwise, KILLED when the launcher is stopped
+(SIGINT, SIGTERM: passed on to the arrays). A job run by hand has no parent.
 """
 
 from __future__ import annotations
@@ -25,8 +34,10 @@ import copy
 import json
 import os
 import shlex
+import signal
 import subprocess
 import sys
+import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -116,6 +127,8 @@ class Plan:
     stores: set[tuple[str | None, str, str]] = field(default_factory=set)
     #: job index -> what its scheduler places per role (:func:`roles_line`)
     roles: dict[int, str] = field(default_factory=dict)
+    #: job index -> the MLflow store it logs to (one of ``stores``)
+    job_stores: dict[int, tuple[str | None, str, str]] = field(default_factory=dict)
 
     @property
     def n_jobs(self) -> int:
@@ -229,6 +242,7 @@ def plan(sweep: str, overrides: list[str], out: str | None = None) -> Plan:
     checked: dict[tuple[str, ...], _Checked] = {}
     role_lines: dict[int, str] = {}
     stores: set[tuple[str | None, str, str]] = set()
+    job_stores: dict[int, tuple[str | None, str, str]] = {}
     for i, ovs in enumerate(job_lists):
         job = Job(index=i, overrides=tuple(ovs))
         key = tuple(o for o in ovs if _key(o) not in _SEED_KEYS)
@@ -237,6 +251,7 @@ def plan(sweep: str, overrides: list[str], out: str | None = None) -> Plan:
         kind, params, error, store, roles = checked[key]
         if store is not None:
             stores.add(store)
+            job_stores[i] = store
         if error is not None:
             errors.append((job, error))
             continue
@@ -246,7 +261,14 @@ def plan(sweep: str, overrides: list[str], out: str | None = None) -> Plan:
             role_lines[i] = roles
     out_dir = str(Path(out or default_out).resolve())
     result = Plan(
-        sweep, list(overrides), out_dir, list(arrays.values()), errors, stores, role_lines
+        sweep,
+        list(overrides),
+        out_dir,
+        list(arrays.values()),
+        errors,
+        stores,
+        role_lines,
+        job_stores,
     )
     _label(result)
     return result
@@ -342,8 +364,9 @@ def axes_of(a: JobArray) -> list[str]:
     return [f"{k}={','.join(v)}" for k, v in values.items()]
 
 
-def hydra_command(p: Plan, a: JobArray) -> list[str]:
-    """The Hydra multirun that runs (or submits) array ``a``.
+def hydra_command(p: Plan, a: JobArray, parent: str | None = None) -> list[str]:
+    """The Hydra multirun that runs (or submits) array ``a``; with ``parent``, every job's MLflow
+    run is a child of that run (the sweep's: :func:`start_sweep_runs`).
 
     Every axis goes on the command line after ``+sweep=``, and the sweep's own
     ``hydra.sweeper.params`` are cleared: Hydra's basic sweeper puts those params *before* the
@@ -361,6 +384,7 @@ def hydra_command(p: Plan, a: JobArray) -> list[str]:
         "hydra.sweeper.params=null",
         *axes_of(a),
         f"hydra.sweep.dir={out}",
+        *([f"{PARENT_KEY}={parent}"] if parent else []),
     ]
 
 
@@ -393,6 +417,14 @@ def describe(p: Plan, *, dry_run: bool) -> str:
             lines += [f"  [{j.index}] {j.command(p.sweep)}"]
             if j.index in p.roles:
                 lines += [f"      {p.roles[j.index]}"]
+    for uri, store, experiment in sorted(p.stores, key=str):
+        where = uri or f"the local store {store}"
+        lines += [
+            "",
+            f"MLflow: the sweep's own run {p.sweep!r} in experiment {experiment!r} at {where} "
+            + ("will be" if dry_run else "is")
+            + f" the parent of its jobs' runs ({PARENT_KEY}=<its id> on each array's command)",
+        ]
     if n_slurm and any(uri is None for uri, _, _ in p.stores):
         lines += [
             "",
@@ -430,6 +462,148 @@ def as_json(p: Plan) -> str:
     )
 
 
+# --- the sweep's own MLflow run ------------------------------------------------------------------
+#: the override that makes a job's run a child of the sweep's (``TrackingConfig.parent_run_id``)
+PARENT_KEY = "tracking.parent_run_id"
+#: the tag that marks a sweep's own run (``analysis.export`` leaves such runs out)
+SWEEP_RUN_TAG = ("run_kind", "sweep")
+Store = tuple[str | None, str, str]
+
+
+def _client(store: Store) -> tuple[Any, str]:
+    """(MlflowClient, experiment id) of a plan's store, the experiment created if missing."""
+    from mlflow.tracking import MlflowClient
+
+    from ebrl.tracking import _experiment_id, local_store_uri
+
+    uri, folder, experiment = store
+    artifact_root = None
+    if uri is None:
+        uri, artifact_root = local_store_uri(folder)
+    client = MlflowClient(tracking_uri=uri)
+    return client, _experiment_id(client, experiment, artifact_root)
+
+
+def start_sweep_runs(p: Plan, command: str) -> dict[Store, str]:
+    """Create the sweep's run in every store and experiment its jobs log to (one, unless the
+    experiment is itself an axis); returns store -> run id.
+
+    The run is named after the sweep and tagged with it, ``run_kind=sweep``, the commit, the
+    command, the machine it was launched from and the output folder; the plan (what
+    ``--dry-run`` prints) is its description in the UI and, with its JSON, its artifacts.
+    """
+    import tempfile
+
+    from mlflow.entities import Param
+
+    from ebrl.tracking import git_commit, machine, portable
+
+    text = portable(describe(p, dry_run=False))
+    out: dict[Store, str] = {}
+    for store in sorted(p.stores, key=str):
+        client, exp_id = _client(store)
+        jobs = sum(1 for s in p.job_stores.values() if s == store)
+        note = f"Sweep `{p.sweep}`: `{portable(command)}`\n\n```\n{text}\n```"
+        tags = {
+            SWEEP_RUN_TAG[0]: SWEEP_RUN_TAG[1],
+            "sweep": p.sweep,
+            "git_commit": git_commit(),
+            "command": portable(command),
+            "machine": machine(),
+            "sweep_dir": portable(p.out),
+            "mlflow.note.content": note,
+        }
+        run_id = client.create_run(exp_id, run_name=p.sweep, tags=tags).info.run_id
+        params = {"sweep": p.sweep, "jobs": jobs, "arrays": len(p.arrays)}
+        params["overrides"] = " ".join(p.overrides) or "-"
+        client.log_batch(run_id, params=[Param(k, str(v)[:6000]) for k, v in params.items()])
+        with tempfile.TemporaryDirectory() as tmp:
+            for name, body in (("sweep_plan.txt", text), ("sweep_plan.json", as_json(p))):
+                path = Path(tmp) / name
+                path.write_text(portable(body) + "\n")
+                client.log_artifact(run_id, str(path))
+        out[store] = run_id
+    return out
+
+
+def array_parent(p: Plan, a: JobArray, parents: dict[Store, str]) -> str | None:
+    """The sweep run array ``a``'s jobs are children of: the run of the store they all log to
+    (None when they log to several, or tracking is off)."""
+    stores = {p.job_stores.get(j.index) for j in a.jobs}
+    if len(stores) != 1:
+        print(
+            f"note: the jobs of array {a.label or 'all jobs'} log to {len(stores)} MLflow "
+            "experiments: their runs get no parent run",
+            file=sys.stderr,
+        )
+        return None
+    (store,) = stores
+    return parents.get(store) if store is not None else None
+
+
+def end_sweep_runs(p: Plan, parents: dict[Store, str], codes: list[int], killed: bool) -> None:
+    """End each sweep run with its jobs: KILLED when the launcher was stopped; FAILED when an
+    array failed or a child run did not finish; else FINISHED. Its metrics count the child runs
+    by status (``sweep/runs_finished``...) against the jobs planned (``sweep/jobs``)."""
+    from mlflow.entities import Metric
+
+    from ebrl.tracking import _bounded_http
+
+    for store, run_id in parents.items():
+        try:
+            with _bounded_http(10.0, retries=2):
+                client, exp_id = _client(store)
+                children = client.search_runs(
+                    [exp_id], filter_string=f"tags.mlflow.parentRunId = '{run_id}'"
+                )
+                counts: dict[str, int] = {}
+                for r in children:
+                    counts[r.info.status] = counts.get(r.info.status, 0) + 1
+                jobs = sum(1 for s in p.job_stores.values() if s == store)
+                finished = counts.get("FINISHED", 0)
+                if killed:
+                    status = "KILLED"
+                elif any(codes) or finished < len(children):
+                    status = "FAILED"
+                else:
+                    status = "FINISHED"
+                values = {"sweep/jobs": jobs, "sweep/runs": len(children)}
+                values |= {f"sweep/runs_{k.lower()}": v for k, v in counts.items()}
+                ts = int(time.time() * 1000)
+                metrics = [Metric(k, float(v), ts, 0) for k, v in values.items()]
+                client.log_batch(run_id, metrics=metrics)
+                client.set_terminated(run_id, status=status)
+        except Exception as e:  # the store is gone: the run stays RUNNING there; say so
+            print(
+                f"MLflow: the sweep's run {run_id} was not ended ({type(e).__name__}: {e}); it "
+                "stays RUNNING in the UI",
+                file=sys.stderr,
+            )
+            continue
+        print(
+            f"MLflow: sweep run {run_id} {status}: {finished} of {jobs} job runs finished",
+            flush=True,
+        )
+
+
+def _run_arrays(p: Plan, parents: dict[Store, str]) -> list[int]:
+    """Start every array's Hydra multirun and wait for them all; SIGTERM, like Ctrl-C, is
+    passed on to them and ends the wait with KeyboardInterrupt."""
+    procs = [subprocess.Popen(hydra_command(p, a, array_parent(p, a, parents))) for a in p.arrays]
+
+    def on_term(signum: int, frame: Any) -> None:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.send_signal(signum)
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, on_term)
+    try:
+        return [proc.wait() for proc in procs]
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 # --- entry point ------------------------------------------------------------------------------
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
@@ -458,8 +632,17 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     if any(a.launcher != LauncherKind.local for a in p.arrays):
         prepare_stores(p)  # jobs run side by side
-    procs = [subprocess.Popen(hydra_command(p, a)) for a in p.arrays]
-    codes = [proc.wait() for proc in procs]
+    command = "python -m ebrl.launch " + shlex.join(argv if argv is not None else sys.argv[1:])
+    parents = start_sweep_runs(p, command)
+    for store, run_id in parents.items():
+        print(f"MLflow: sweep run {run_id} in experiment {store[2]!r}", flush=True)
+    codes: list[int] = []
+    killed = True  # until the arrays' wait returns
+    try:
+        codes = _run_arrays(p, parents)
+        killed = False
+    finally:
+        end_sweep_runs(p, parents, codes, killed)
     return max(codes, default=0)
 
 

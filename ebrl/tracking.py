@@ -33,7 +33,7 @@ class Tracker(Protocol):
 
     def log_params(self, params: dict[str, Any]) -> None: ...
     def log_metrics(self, metrics: dict[str, float], step: int) -> None: ...
-    def log_artifact(self, path: str | Path) -> None: ...
+    def log_artifact(self, path: str | Path, artifact_path: str | None = None) -> None: ...
     def finish(self, status: str = "FINISHED") -> None: ...
 
 
@@ -48,7 +48,7 @@ class NullTracker:
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
         pass
 
-    def log_artifact(self, path: str | Path) -> None:
+    def log_artifact(self, path: str | Path, artifact_path: str | None = None) -> None:
         pass
 
     def finish(self, status: str = "FINISHED") -> None:
@@ -128,6 +128,14 @@ def _rejected(err: Exception, uri: str) -> bool:
         return False
     code = err.get_http_status_code()
     return 400 <= code < 500 and code != 429
+
+
+def _artifact_entry(entry: str | list[str]) -> tuple[str, str | None]:
+    """(local path, folder in the run's artifacts or None) of a spooled artifact: a path alone
+    (the top of the run's artifacts, as spools before folders were written), or [path, folder]."""
+    if isinstance(entry, str):
+        return entry, None
+    return str(entry[0]), (str(entry[1]) if len(entry) > 1 and entry[1] else None)
 
 
 def _short(err: Exception) -> str:
@@ -277,14 +285,16 @@ class _Spool:
             )
         self.down = True
 
-    def upload(self, client: Any, path: str, timeout_s: float) -> bool:
-        """One attempt at uploading an artifact; False when it should be retried later."""
+    def upload(self, client: Any, entry: str | list[str], timeout_s: float) -> bool:
+        """One attempt at uploading an artifact (a path, or [path, folder in the run's
+        artifacts]); False when it should be retried later."""
+        path, folder = _artifact_entry(entry)
         if not Path(path).exists():
             log.error("artifact %s no longer exists: not uploaded to MLflow", path)
             return True
         try:
             with _bounded_http(timeout_s):
-                client.log_artifact(self.state["run_id"], path)
+                client.log_artifact(self.state["run_id"], path, folder)
         except _send_errors() as err:
             if not _rejected(err, self.uri):
                 self._outage(err)
@@ -295,7 +305,7 @@ class _Spool:
     def send_artifacts(self, client: Any, timeout_s: float) -> bool:
         """One attempt at the artifacts still to upload (after a failure, the rest wait for the
         next attempt rather than each costing a timeout); True when none is left."""
-        left: list[str] = []
+        left: list[str | list[str]] = []
         for p in self.state["artifacts"]:
             if left or not self.upload(client, p, timeout_s):
                 left.append(p)
@@ -350,7 +360,7 @@ class _Spool:
             parts.append(f"{n} metric line{'s' * (n != 1)}")
         if self.state["status"] is not None:
             parts.append(f"final status {self.state['status']}")
-        if arts := self.state["artifacts"]:
+        if arts := [_artifact_entry(a)[0] for a in self.state["artifacts"]]:
             parts.append(f"{len(arts)} artifact{'s' * (len(arts) != 1)} ({', '.join(arts)})")
         return ", ".join(parts) or "nothing"
 
@@ -382,6 +392,11 @@ class MLflowTracker:
             reads an int).
         finish_timeout_s: how long :meth:`finish` keeps retrying before leaving the rest, and
             the final status, to the replay command.
+        system_metrics: log MLflow's system metrics (``system/...``: CPU, memory, disk,
+            network, and each GPU through NVML) from a thread of its own until :meth:`finish`.
+            They go straight to the store, not through the spool: an outage ends them (MLflow's
+            monitor stops when it cannot read the run), training goes on.
+        system_metrics_interval_s: seconds between two system-metrics samples.
 
     Raises:
         TrackingUnavailable: the store is unreachable when the run starts (creating or resuming
@@ -400,6 +415,8 @@ class MLflowTracker:
         spool: str | Path | None = None,
         timeout_s: float = 2.0,
         finish_timeout_s: float = 30.0,
+        system_metrics: bool = False,
+        system_metrics_interval_s: float = 10.0,
     ) -> None:
         import mlflow  # heavy import (~2 s): only when tracking is on
         from mlflow.tracking import MlflowClient
@@ -421,6 +438,11 @@ class MLflowTracker:
             else:
                 run = self.client.create_run(exp_id, run_name=run_name, tags=tags)
                 self.run_id = run.info.run_id
+        self._monitor = (
+            _start_system_metrics(uri, self.run_id, system_metrics_interval_s, resume_id)
+            if system_metrics
+            else None
+        )
         self._spool = None if spool is None else _Spool(spool, uri, self.run_id)
         if self._spool is not None:
             self._spool.state["status"] = None  # running again: this attempt's finish sets it
@@ -460,12 +482,15 @@ class MLflowTracker:
         for i in range(0, len(items), _BATCH):
             self.client.log_batch(self.run_id, metrics=items[i : i + _BATCH])
 
-    def log_artifact(self, path: str | Path) -> None:
-        """Upload a file; during an outage it is recorded and uploaded at :meth:`finish`."""
+    def log_artifact(self, path: str | Path, artifact_path: str | None = None) -> None:
+        """Upload a file (into the folder ``artifact_path`` of the run's artifacts, or their
+        top); during an outage it is recorded and uploaded at :meth:`finish`."""
         if self._spool is None:
-            self.client.log_artifact(self.run_id, str(path))
+            self.client.log_artifact(self.run_id, str(path), artifact_path)
             return
-        p, queued = str(Path(path).resolve()), self._spool.state["artifacts"]
+        resolved = str(Path(path).resolve())
+        p: str | list[str] = resolved if artifact_path is None else [resolved, artifact_path]
+        queued = self._spool.state["artifacts"]
         if p not in queued and (
             self._spool.down or not self._spool.upload(self.client, p, self.timeout_s)
         ):
@@ -476,6 +501,7 @@ class MLflowTracker:
         """Send what is left, then set the final status. Raises nothing for an outage: what the
         server could not get in ``finish_timeout_s`` stays in the spool for the replay command,
         which then sets the status."""
+        self._stop_system_metrics()  # before the status: MLflow's monitor reads it to stop
         if self._spool is None:
             self.client.set_terminated(self.run_id, status=status)
             return
@@ -490,6 +516,55 @@ class MLflowTracker:
                 self.run_id,
                 sp.replay_command(),
             )
+
+    def _stop_system_metrics(self) -> None:
+        """Stop MLflow's system-metrics monitor and send what it holds, waiting a bounded time:
+        its requests during an outage retry for minutes, and the run's end must not wait for
+        them."""
+        monitor, self._monitor = self._monitor, None
+        if monitor is None:
+            return
+        stopper = threading.Thread(target=monitor.finish, name="system-metrics-stop", daemon=True)
+        stopper.start()
+        stopper.join(timeout=max(10.0, 2 * self.timeout_s))
+        if stopper.is_alive():
+            log.warning("MLflow system metrics: the monitor did not stop in time; left behind")
+
+
+def system_metrics_wanted(mode: str) -> bool:
+    """Whether ``tracking.system_metrics`` (``auto``, ``true``, ``false``) turns MLflow's system
+    metrics on here: ``auto`` where this process sees a GPU (NVML, ``CUDA_VISIBLE_DEVICES``
+    honoured), since on a CPU-only machine its sampler competes with a timing run for the few
+    cores."""
+    mode = str(mode).strip().lower()
+    if mode == "auto":
+        from ebrl.utilisation import gpu_visible
+
+        return gpu_visible()
+    return mode == "true"
+
+
+def _start_system_metrics(
+    uri: str, run_id: str | None, interval_s: float, resume_id: str | None
+) -> Any | None:
+    """MLflow's system-metrics monitor for ``run_id``, started; None (and a warning) when it
+    cannot start. A resumed run continues its system metrics' steps."""
+    try:
+        from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
+
+        with _bounded_http(10.0, retries=2):
+            monitor = SystemMetricsMonitor(
+                run_id,
+                sampling_interval=interval_s,
+                resume_logging=resume_id is not None,
+                tracking_uri=uri,
+            )
+        monitor.start()
+    except Exception as e:  # e.g. psutil missing: the run goes on without them
+        log.warning("MLflow system metrics not started (%s: %s)", type(e).__name__, e)
+        return None
+    log.info("MLflow system metrics on: every %.0f s (tracking.system_metrics)", interval_s)
+    return monitor
 
 
 def portable(text: str) -> str:

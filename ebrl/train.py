@@ -27,6 +27,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from ebrl import ledger
+from ebrl.choices import class_name, run_choices
 from ebrl.config import ConfigError, ResourcesNode, RunConfig, class_of, register, validate
 from ebrl.evaluate import evaluate
 from ebrl.schedulers.base import RunContext, UpdateBudget
@@ -34,7 +35,16 @@ from ebrl.signals import Preempted, StopSignals
 from ebrl.stages.factory import StageFactory
 from ebrl.stages.train import load_checkpoint, snapshots
 from ebrl.timeline import Timeline
-from ebrl.tracking import MLflowTracker, NullTracker, Tracker, git_commit, machine, portable
+from ebrl.tracking import (
+    MLflowTracker,
+    NullTracker,
+    Tracker,
+    git_commit,
+    machine,
+    portable,
+    system_metrics_wanted,
+)
+from ebrl.utilisation import UtilisationSampler
 
 log = logging.getLogger("ebrl")
 CONF_DIR = str(Path(__file__).resolve().parents[1] / "conf")
@@ -48,10 +58,19 @@ class Summary:
     seed: int
     commit: str
     machine: str
+    #: the config options the run was composed from, as users type them (``scheduler=ebrl``,
+    #: ``policy=transformer_l``, ``simulator=pushcube``; :func:`ebrl.choices.run_choices`)
     scheduler: str
     policy: str
     simulator: str
     algo: str
+    #: the GPU option (``gpu=h100``; ``cpu`` without one)
+    gpu: str = ""
+    #: the classes behind those options (``EBRLScheduler``, ``TransformerPolicy``) and the
+    #: simulator's task (``PushCube-v1``), as runs before the options were recorded named them
+    scheduler_class: str = ""
+    policy_class: str = ""
+    simulator_task: str = ""
     #: which code ran the schedule: "ebrl" (our engine, replicas included) or "rlinf"
     implementation: str = "ebrl"
     iterations: int = 0
@@ -144,8 +163,12 @@ def _tracker(
         return NullTracker()
     tags = {
         "scheduler": summary.scheduler,
+        "scheduler_class": summary.scheduler_class,
         "policy": summary.policy,
+        "policy_class": summary.policy_class,
         "simulator": summary.simulator,
+        "simulator_task": summary.simulator_task,
+        "gpu": summary.gpu,
         "algo": summary.algo,
         "variant": str(cfg.get("variant", "") or ""),
         "sweep": _sweep_choice(),
@@ -154,6 +177,8 @@ def _tracker(
         "machine": summary.machine,
         "implementation": summary.implementation,
     }
+    if run.tracking.parent_run_id:  # a sweep's job: a child of the sweep's run (ebrl.launch)
+        tags["mlflow.parentRunId"] = run.tracking.parent_run_id
     name = run.tracking.run_name or (
         f"{summary.scheduler}-{summary.policy}-{summary.simulator}-s{run.seed}"
     )
@@ -165,6 +190,8 @@ def _tracker(
         tags=tags,
         resume_id=resume_id,
         spool=spool,
+        system_metrics=system_metrics_wanted(run.tracking.system_metrics),
+        system_metrics_interval_s=run.tracking.system_metrics_interval_s,
     )
     if resume_id is None:  # params are immutable in MLflow: logged once, by the first attempt
         tr.log_params(_flat(OmegaConf.to_container(cfg, resolve=True)))  # type: ignore[arg-type]
@@ -264,14 +291,19 @@ def train(cfg: DictConfig) -> Summary:
     _refuse_unwired_resources(run)
     run_dir = _run_dir(run)
     (run_dir / "config.yaml").write_text(portable(OmegaConf.to_yaml(cfg, resolve=True)))
+    chosen = run_choices(cfg)
     summary = Summary(
         seed=run.seed,
         commit=git_commit(),
         machine=machine(),
-        scheduler=_name(cfg.scheduler),
-        policy=_name(cfg.policy),
-        simulator=str(cfg.simulator.get("task", _name(cfg.simulator))),
+        scheduler=chosen["scheduler"],
+        policy=chosen["policy"],
+        simulator=chosen["simulator"],
         algo=_name(cfg.algo),
+        gpu=chosen["gpu"],
+        scheduler_class=class_name(cfg.scheduler),
+        policy_class=class_name(cfg.policy),
+        simulator_task=str(cfg.simulator.get("task") or ""),
         run_dir=portable(str(run_dir)),
     )
     ckpt_path, prog_path, jsonl = (
@@ -327,6 +359,7 @@ def train(cfg: DictConfig) -> Summary:
     t_steady, steps_steady = t_start, summary.env_steps
     t_last = t_start  # when the last report arrived: shutdown time is not throughput time
     gen = scheduler.run(ctx)
+    sampler = _sampler(run, run_dir, timeline)
     stop = StopSignals()
     with stop:
         try:
@@ -402,6 +435,8 @@ def train(cfg: DictConfig) -> Summary:
             summary.throughput_e2e = (summary.env_steps - steps_steady) / max(steady_s, 1e-9)
             if t_steady == t_start:  # fewer updates than the warm-up: no steady state
                 summary.throughput_e2e = summary.throughput_overall
+            if sampler is not None:
+                sampler.stop()
             tail = success_hist[-max(1, math.ceil(len(success_hist) * 0.1)) :]
             summary.success_rate = float(np.mean(tail)) if tail else float("nan")
             summary.stage_busy_s = dict(timeline.busy)
@@ -411,6 +446,17 @@ def train(cfg: DictConfig) -> Summary:
             _account(run_dir, ckpt_path, start_version, summary, prog, tracker)
             _write_outputs(run_dir, jsonl, summary, timeline, tracker)
     return summary
+
+
+def _sampler(run: RunConfig, run_dir: Path, timeline: Timeline) -> UtilisationSampler | None:
+    """The run's CPU-core and GPU sampler (``tracking.utilisation``), started on the timeline's
+    clock so its samples line up with the stage spans; None when off. Each attempt writes its
+    own ``utilisation.csv``, as it writes its own ``timeline.json``."""
+    if not run.tracking.utilisation:
+        return None
+    return UtilisationSampler(
+        run_dir / "utilisation.csv", run.tracking.utilisation_interval_s, t0=timeline.t0
+    ).start()
 
 
 def _account(
@@ -683,7 +729,7 @@ def _write_outputs(
         # the run's own files, and the resource manager's (its shape search, profile, split and
         # reallocations)
         own = ("shape.json", "resources.json", "profile.json", "reallocations.jsonl")
-        own += ("placement.txt",)
+        own += ("placement.txt", "utilisation.csv")
         for p in (
             run_dir / "config.yaml",
             spath,
@@ -694,8 +740,27 @@ def _write_outputs(
         ):
             if p.exists():
                 tracker.log_artifact(p)
+        for p, folder in _artifact_folders(run_dir):
+            tracker.log_artifact(p, folder)
     finally:
         tracker.finish(summary.status)
+
+
+#: folders of a run folder uploaded as they are: the step ledger (every attempt's counts) and
+#: Hydra's record of the job (its config, overrides and log)
+ARTIFACT_FOLDERS = (ledger.LEDGER, ".hydra")
+
+
+def _artifact_folders(run_dir: Path) -> list[tuple[Path, str | None]]:
+    """(file, its folder relative to the run folder) of every file in :data:`ARTIFACT_FOLDERS`,
+    and Hydra's job log (``<run_dir>/*.log``, at the top)."""
+    out: list[tuple[Path, str | None]] = []
+    for name in ARTIFACT_FOLDERS:
+        root = run_dir / name
+        if root.is_dir():
+            files = sorted(p for p in root.rglob("*") if p.is_file())
+            out += [(p, p.parent.relative_to(run_dir).as_posix()) for p in files]
+    return out + [(p, None) for p in sorted(run_dir.glob("*.log")) if p.is_file()]
 
 
 # --- entry point ------------------------------------------------------------------------------

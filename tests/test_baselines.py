@@ -297,5 +297,6 @@ def test_colocated_runs_through_train(tmp_path):
 
     cfg = make_cfg([*TINY, "scheduler=colocated", "tracking.enabled=false"], tmp_path)
     s = train(cfg)
-    assert s.scheduler == "ColocatedScheduler" and s.iterations == 3
+    assert s.scheduler == "colocated" and s.scheduler_class == "ColocatedScheduler"
+    assert s.iterations == 3
     assert {"gen", "sim", "train", "sync", "offload"} <= set(s.stage_busy_s)

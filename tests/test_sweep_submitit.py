@@ -46,12 +46,18 @@ def test_smoke_sweep_lands_as_six_mlflow_runs(tmp_path):
     client = mlflow.tracking.MlflowClient(f"sqlite:///{store / 'mlflow.db'}")
     exp = client.get_experiment_by_name("smoke")
     runs = client.search_runs([exp.experiment_id])
+    # the sweep's own run (ebrl.launch), FINISHED with its jobs, and one child run per job
+    (parent,) = [r for r in runs if r.data.tags.get("run_kind") == "sweep"]
+    assert parent.info.run_name == "smoke" and parent.info.status == "FINISHED"
+    runs = [r for r in runs if r.info.run_id != parent.info.run_id]
     assert len(runs) == 6
+    # tagged with the options as typed (a custom option by its own name)
     got = {(r.data.tags["scheduler"], r.data.tags["seed"]) for r in runs}
-    assert got == {(s, str(k)) for s in ("SyncScheduler", "EBRLScheduler") for k in range(3)}
+    assert got == {(s, str(k)) for s in ("sync", "ebrl_threads") for k in range(3)}
     for r in runs:
         assert r.info.status == "FINISHED"
-        assert r.data.tags["simulator"] == "CountingEnv" and r.data.tags["policy"] == "MLPPolicy"
+        assert r.data.tags["mlflow.parentRunId"] == parent.info.run_id
+        assert r.data.tags["simulator"] == "counting" and r.data.tags["policy"] == "mlp"
         assert r.data.params["launcher.kind"] == "submitit_local"
         assert r.data.metrics["summary/throughput_e2e"] > 0
     # one process per job: each left its Submitit folder (logs, pickles) under the sweep folder

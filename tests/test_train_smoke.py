@@ -26,7 +26,16 @@ def test_train_logs_to_mlflow_and_writes_summary(tiny_cfg, tmp_path):
     exp = client.get_experiment_by_name("ebrl")
     (run,) = client.search_runs([exp.experiment_id])
     assert run.info.status == "FINISHED"
-    assert run.data.tags["scheduler"] == "SyncScheduler"
+    # the config options users type, and the classes behind them
+    tags = run.data.tags
+    assert (tags["scheduler"], tags["policy"], tags["simulator"], tags["gpu"]) == (
+        "sync",
+        "mlp",
+        "counting",
+        "cpu",
+    )
+    assert (tags["scheduler_class"], tags["policy_class"]) == ("SyncScheduler", "MLPPolicy")
+    assert "mlflow.parentRunId" not in tags  # a run started by hand has no parent
     assert run.data.tags["seed"] == "0"
     assert run.data.params["num_envs"] == "4"
     hist = client.get_metric_history(run.info.run_id, "throughput/env_steps_per_s")

@@ -239,8 +239,11 @@ def test_requeued_twice_resumes_into_one_finished_mlflow_run(slurm, tmp_path, sc
     client = mlflow.tracking.MlflowClient(f"sqlite:///{job.store / 'mlflow.db'}")
     exp = client.get_experiment_by_name(name)
     assert exp is not None, job.logs()
-    runs = client.search_runs([exp.experiment_id])
-    assert len(runs) == 1, [(r.info.run_id, r.info.status) for r in runs]  # one run, all attempts
+    # the job's run (the sweep's own parent run, run_kind=sweep, aside): one, all attempts
+    runs = [
+        r for r in client.search_runs([exp.experiment_id]) if r.data.tags.get("run_kind") != "sweep"
+    ]
+    assert len(runs) == 1, [(r.info.run_id, r.info.status) for r in runs]
     (run,) = runs
     prog = json.loads(job.progress.read_text())
     assert prog["mlflow_run_id"] == run.info.run_id
