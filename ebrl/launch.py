@@ -219,7 +219,8 @@ def roles_line(job: dict[str, Any]) -> str:
     asked = int(lau.get("nodes", 1) or 1) * int(lau.get("gpus_per_node", 0) or 0)
     if "gen_replicas" not in sched:
         kind = str(sched.get("_target_", "?")).rsplit(".", 1)[-1]
-        return f"roles: {kind} runs every stage in one process; GPUs asked {asked}"
+        line = f"roles: {kind} runs every stage in one process; GPUs asked {asked}"
+        return line + _cluster_note(lau, sched)
     r, ll = int(sched["gen_replicas"]), int(sched["learner_ranks"])
     gg, lg = float(sched["gen_gpus"]), float(sched["learner_gpus"])
     used = r * gg + ll * lg
@@ -229,7 +230,19 @@ def roles_line(job: dict[str, Any]) -> str:
     )
     if asked and used < asked:
         line += " (set scheduler.gen_replicas/learner_ranks/gen_gpus/learner_gpus to use all)"
-    return line
+    return line + _cluster_note(lau, sched)
+
+
+def _cluster_note(lau: dict[str, Any], sched: dict[str, Any]) -> str:
+    """A Slurm job of several tasks: the Ray cluster it starts over its nodes, or why none
+    (``ebrl.runtime.slurm_cluster``); "" for a job of one task."""
+    from ebrl.runtime.slurm_cluster import describe_job
+
+    if lau.get("kind") != LauncherKind.slurm:
+        return ""
+    n, per = int(lau.get("nodes", 1) or 1), int(lau.get("tasks_per_node", 1) or 1)
+    note = describe_job(n, per, sched)
+    return f"; {note}" if note else ""
 
 
 def plan(sweep: str, overrides: list[str], out: str | None = None) -> Plan:
@@ -408,6 +421,12 @@ def describe(p: Plan, *, dry_run: bool) -> str:
             flags = a.sbatch_flags(f"{_array_out(p, a)}/.submitit/%j")
             lines += ["sbatch parameters:"] + [f"  #SBATCH {f}" for f in flags]
             lines += ["  (then srun runs each job: python -u -m submitit.core._submit <folder>)"]
+            tasks = int(a.params.get("nodes") or 1) * int(a.params.get("ntasks_per_node") or 1)
+            if tasks > 1:  # ebrl's SlurmLauncher: a Ray node per task (ebrl.runtime.slurm_cluster)
+                lines += [
+                    f"  ({tasks} tasks per job: for a scheduler on Ray, a Ray cluster of one node "
+                    "per task, task 0 its head and driver; see each job's line)"
+                ]
         else:
             lines += [f"runs on this machine ({a.launcher} launcher): no Slurm job"]
         verb = "submit" if a.launcher == LauncherKind.slurm else "run"

@@ -173,10 +173,13 @@ def test_a_failed_job_fails_its_slurm_job(monkeypatch):
     monkeypatch.setattr(
         submitit_launcher.SlurmLauncher, "__call__", lambda self, *a, **k: next(returns)
     )
+    for k in ("SLURM_PROCID", "SLURM_NTASKS", "SLURM_JOB_ID"):  # a job of one task
+        monkeypatch.delenv(k, raising=False)
     launcher = SlurmLauncher.__new__(SlurmLauncher)  # what runs inside the job: its __call__
-    assert launcher() is ok
+    args = ([], "hydra.sweep.dir", 0, "1", {})
+    assert launcher(*args) is ok
     with pytest.raises(StageError, match="stage 'learner' failed: died"):
-        launcher()
+        launcher(*args)
 
 
 def test_the_slurm_launcher_is_ours():
