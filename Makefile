@@ -292,3 +292,20 @@ else
 	  tracking.experiment=motivation-$(SIZE)-$(NOW) $(_TRACK) $(ARGS)
 	$(PY) -m analysis.motivation --runs $(_MOT_OUT) --out results/motivation-$(SIZE)
 endif
+
+# make plan [PROFILE=<file>] [MACHINE=cpu|cluster|scale/g<N>|<file>] [VALIDATE=1] [ARGS=...]: the
+# capacity planner (README.md, "Planning capacity"; a few seconds to a minute, no run is started).
+# Without MACHINE: every scheduler on the paper's headline and scaling configurations from PROFILE
+# (default: conf/plan/example_gpu_profile.json, ILLUSTRATIVE, not measured) into results/plan/example.
+# With MACHINE: that one configuration (workload fields through ARGS="--set num_envs=64 ...").
+# VALIDATE=1: the model against the committed runs it was not fitted on (results/plan/validation).
+.PHONY: plan
+PROFILE ?= conf/plan/example_gpu_profile.json
+plan: setup
+ifeq ($(VALIDATE),1)
+	$(PY) benchmarks/plan_validation.py --out results/plan/validation $(ARGS)
+else ifeq ($(MACHINE),)
+	$(PY) -m ebrl.plan --paper --profile $(PROFILE) --out results/plan/example $(ARGS)
+else
+	$(PY) -m ebrl.plan --profile $(PROFILE) --machine $(MACHINE) $(ARGS)
+endif

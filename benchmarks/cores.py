@@ -1,6 +1,6 @@
 """How many cores does this machine really give two compute-bound processes?
 
-The schedule model (``ebrl/resources/model.py``) shares cores as an operating system would: two
+The schedule model (``ebrl/resources/model/``) shares cores as an operating system would: two
 jobs on two cores each run at full speed. On virtual machines two vCPUs may be hardware threads
 of one physical core, or share caches and memory bandwidth, and then two jobs slow each other
 down although each has "its own" core. This benchmark measures it for three kinds of work, each

@@ -2,11 +2,17 @@
 # GPU checks in one command (a few minutes; < 8 min on one H200): NVML discovery, MPS SM quotas
 # changing a train-like and a gen-like workload's throughput, and the scaled-out engine (2 NCCL
 # learner ranks and 2 generator replicas sharing the GPU under MPS quotas, ManiSkill env workers
-# on the other cores, throughput per role printed) (tests/gpu, marker `gpu`).
+# on the other cores, throughput per role printed) (tests/gpu, marker `gpu`); then a stage
+# profile for the capacity planner (ebrl-plan-profile/1, python -m ebrl.plan.measure: the
+# embedded workload's policy acting and training on the GPU at MPS shares 0.25, 0.5 and 1, the
+# weights moved off and onto it, PushCube stepped env by env on a core) and the planner's answer
+# from it for the paper's scale points (docs/plan-profile.md).
 #
-# Not yet run on a GPU machine: written on a CPU-only one, where these tests are skipped.
-# Needs a CUDA build of torch in the venv, the NVIDIA driver and nvidia-cuda-mps-control.
-# Extra arguments go to pytest (e.g. -k discover).
+# Not yet run on a GPU machine: written on a CPU-only one, where these tests are skipped and the
+# profile step is not reached (no nvidia-smi). Needs a CUDA build of torch in the venv, the
+# NVIDIA driver and nvidia-cuda-mps-control. Extra arguments go to pytest (e.g. -k discover).
+# PLAN_OUT sets where the profile and the plan go (default outputs/plan/gpu-<time>/);
+# PLAN_PROFILE=0 skips them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
@@ -18,4 +24,20 @@ else
 fi
 "$PY" -c 'import torch; print("torch", torch.__version__, "CUDA build:", torch.version.cuda)'
 # -m gpu replaces the default "not slow and not gpu" selection; -s shows the measured numbers
-exec "$PY" -m pytest -q -s -rs -m gpu -p no:cacheprovider tests/gpu "$@"
+status=0
+"$PY" -m pytest -q -s -rs -m gpu -p no:cacheprovider tests/gpu "$@" || status=$?
+
+if [ "${PLAN_PROFILE:-1}" = "1" ] && command -v nvidia-smi >/dev/null; then
+  OUT=${PLAN_OUT:-outputs/plan/gpu-$(date -u +%Y%m%d-%H%M%S)}
+  mkdir -p "$OUT"
+  # ~1-2 min: one process per share (CUDA reads its MPS quota at start), 5 timed calls each
+  timeout 240 "$PY" -m ebrl.plan.measure --device cuda --levels 0.25,0.5,1 \
+    --batches 1,4,16,64 --out "$OUT/profile.json" +experiment=embedded || status=$?
+  if [ -f "$OUT/profile.json" ]; then
+    # the embedded workload's episodes (PushCube: 50 steps) at the scale points' env counts
+    timeout 120 "$PY" -m ebrl.plan --profile "$OUT/profile.json" --machine scale/g1 \
+      --set decisions_per_env=12 episode_steps=50 --json "$OUT/plan-g1.json" || status=$?
+    echo "profile and plan in $OUT"
+  fi
+fi
+exit "$status"

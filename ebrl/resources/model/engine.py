@@ -1,0 +1,419 @@
+"""The EBRL engine's schedule, played on the fluid machine: every scheduler is a setting of it.
+
+The roles are the engine's (``ebrl/schedulers/ebrl/workers.py``): E env workers, R generator
+replicas each acting for a contiguous block of them, one learner (its L ranks as one lane). Each
+follows its worker loop's own order of events:
+
+- an env worker steps the units it was sent one after the other (lock step: its share of a
+  group, the whole ``Go``; step level: env by env) and reports each unit as it ends; it hands a
+  segment to the learner once the ``Go`` that completed it is done;
+- a replica picks its next batch with the engine's :func:`~.rules.pick` over the envs it *knows*
+  are ready; only when nothing can be picked does it read its inbox (the observations that
+  arrived meanwhile, stamped ready as they are read, and the learner's new weights, loaded then),
+  or wait for the batching timeout;
+- the staleness gate (:func:`~.rules.admits`) holds an env back while the segment its next
+  decision lands in would be trained more than k versions after the replica's own;
+- the learner trains segment u once every env worker has handed it over, publishes the new
+  version, and tells every replica.
+
+The other schedulers are settings of the same engine, as in the code: Async is k >= 1, G = 1 in
+lock step; Hybrid is k = 0 with G = 2; the synchronous loop (``ebrl/schedulers/sync.py``) is
+k = 0, G = 1 with one env worker holding every env in the driver process (no messages, every
+stage alone in turn), and Colocated is that loop with the generator's offload after each rollout
+and its reload in the weight sync. ``ebrl.plan`` builds those settings.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import OrderedDict, deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ebrl.resources.model.machine import Job, Machine, Span
+from ebrl.resources.model.rules import admits, pick, replica_blocks, served_groups, split_groups
+from ebrl.resources.model.types import Layout, Prediction, Shape, StageCosts, Workload
+
+
+def gen_track(r: int) -> str:
+    """A replica's lane, named as the engine names it (``wiring.gen_name``)."""
+    return "gen" if r == 0 else f"gen{r}"
+
+
+@dataclass
+class Played:
+    """One played schedule: the prediction and what produced it.
+
+    Attributes:
+        prediction: the figures (steady state: the updates after ``warmup``).
+        spans: every stage call, as the engine's timeline records them (model seconds).
+        events: the order of the stage calls that decide the schedule, for comparison with the
+            engine's: ``("gen", replica, env ids, version, the segment each env's decision
+            lands in)``, ``("train", version)``.
+        staleness_counts: decisions of the steady state's segments acted i versions behind
+            the learner version that trains them, i = 0..k.
+        update_end: when each update was published.
+        window: the steady state, (start, end) seconds.
+    """
+
+    prediction: Prediction
+    spans: list[Span]
+    events: list[tuple]
+    staleness_counts: list[int]
+    update_end: list[float]
+    window: tuple[float, float]
+
+
+class _Sampler:
+    """Chunk latencies replayed from the profile's samples: the sum of ``size`` random draws
+    (indices drawn from a seeded generator in blocks: a numpy call per unit would cost more
+    than the rest of the event)."""
+
+    def __init__(self, samples: tuple[float, ...], seed: int, block: int = 4096) -> None:
+        self.samples = [float(x) for x in samples]
+        self.same = max(self.samples) == min(self.samples)
+        self.rng = np.random.default_rng(seed)
+        self.block = block
+        self.idx: list[int] = []
+        self.at = 0
+
+    def __call__(self, size: int) -> float:
+        if self.same:
+            return self.samples[0] * size
+        total = 0.0
+        for _ in range(size):
+            if self.at == len(self.idx):
+                self.idx = self.rng.integers(0, len(self.samples), self.block).tolist()
+                self.at = 0
+            total += self.samples[self.idx[self.at]]
+            self.at += 1
+        return total
+
+
+@dataclass
+class _Replica:
+    """What one generator replica knows (the engine's ``GenWorker``)."""
+
+    served: set[int]
+    groups: list[list[int]]
+    ready: OrderedDict[int, float] = field(default_factory=OrderedDict)
+    inbox: deque[tuple[str, int]] = field(default_factory=deque)
+    carry: list[tuple[str, int]] = field(default_factory=list)  # read, not yet handled
+    version: int = 0
+    busy: bool = False
+
+
+def play(
+    costs: StageCosts,
+    work: Workload,
+    shape: Shape,
+    layout: Layout | None = None,
+    updates: int = 8,
+    warmup: int = 2,
+    seed: int = 0,
+) -> Played:
+    """Play ``updates`` updates of the schedule; the figures are over those after ``warmup``.
+
+    Raises:
+        RuntimeError: the schedule stalls (nothing left to happen before ``updates`` updates).
+    """
+    lay = layout or Layout.single(costs, work)
+    if len(lay.sims) != len(work.workers):
+        raise ValueError(
+            f"layout places {len(lay.sims)} env workers, the workload has {len(work.workers)}"
+        )
+    draw = _Sampler(costs.sim_chunk_s, seed)
+    n, t, k = work.num_envs, work.decisions_per_env, work.staleness
+    owner = {e: w for w, ids in enumerate(work.workers) for e in ids}
+    replica_of = lay.replica_of or replica_blocks(len(work.workers), lay.replicas)
+    groups = split_groups(work.workers, shape.groups)
+    m = max(1, min(shape.batch_min, n))
+    reps = []
+    for r in range(lay.replicas):
+        served = {e for e, w in owner.items() if replica_of[w] == r}
+        rep = _Replica(served, served_groups(groups, served))
+        for g in rep.groups:  # the first observations, group by group
+            rep.ready.update((e, 0.0) for e in g)
+        reps.append(rep)
+    machine = Machine(lay.pools, lay.nominal)
+    decided = dict.fromkeys(owner, 0)  # chunks acted for
+    stepped = dict.fromkeys(owner, 0)  # chunks simulated
+    queues: list[deque[tuple[list[int], bool]]] = [deque() for _ in work.workers]
+    startable: set[int] = set()  # idle env workers with a unit queued
+    working = [False] * len(work.workers)
+    parts = [0] * len(work.workers)  # segments each env worker has handed to the learner
+    learner = {"version": 0, "busy": False, "parts": 0}
+    counts = {"batches": 0, "envs": 0}
+    hist: dict[int, list[int]] = {}  # segment -> its decisions by staleness 0..k
+    events: list[tuple] = []
+    done_at: list[float] = []
+    # replicas with something new to look at (a message, a finished call, a batching timeout):
+    # the others would pick nothing, so only these are served at an event
+    dirty: set[int] = set(range(len(reps)))
+    waits: list[tuple[float, int]] = []  # (when, replica): batching timeouts set
+
+    def gen_loads(r: int) -> tuple[tuple[str, float], ...]:
+        return lay.gen_loads[r] if lay.gen_loads else ()
+
+    def start_workers() -> None:
+        for w in sorted(startable):
+            unit, last = queues[w].popleft()
+            secs = draw(len(unit)) + costs.message_s
+            working[w] = True
+            uses = ((lay.sims[w], costs.sim_busy),)
+            machine.add(
+                Job(secs, uses, _stepped(w, unit, last), "sim", f"sim{w}", (("batch", len(unit)),))
+            )
+        startable.clear()
+
+    def _stepped(w: int, unit: list[int], last: bool) -> Callable[[], None]:
+        def fn() -> None:
+            working[w] = False
+            if queues[w]:
+                startable.add(w)
+            rep = reps[replica_of[w]]
+            dirty.add(replica_of[w])
+            for e in unit:
+                stepped[e] += 1
+                rep.inbox.append(("ready", e))
+            if last:  # the Go is done: hand over every segment it completed
+                parts[w] = min(stepped[e] for e in work.workers[w]) // t
+                learner["parts"] = min(parts)
+
+        return fn
+
+    def _acted(r: int, batch: list[int]) -> Callable[[], None]:
+        def fn() -> None:
+            reps[r].busy = False
+            dirty.add(r)
+            per_worker: dict[int, list[int]] = {}
+            for e in batch:
+                decided[e] += 1
+                per_worker.setdefault(owner[e], []).append(e)
+            for w, ids in per_worker.items():  # one Go per env worker
+                units = [[e] for e in ids] if shape.step_level else [ids]
+                queues[w].extend((u, i == len(units) - 1) for i, u in enumerate(units))
+                if not working[w]:
+                    startable.add(w)
+
+        return fn
+
+    def _loaded(r: int, version: int) -> Callable[[], None]:
+        def fn() -> None:
+            reps[r].busy = False
+            dirty.add(r)
+            reps[r].version = max(reps[r].version, version)
+
+        return fn
+
+    def _trained() -> None:
+        if costs.sync_s > 0:
+            version = learner["version"] + 1
+            machine.add(
+                Job(
+                    costs.sync_s,
+                    lay.learner,
+                    _published,
+                    "sync",
+                    "learner",
+                    (("version", version),),
+                    lay.learner_loads,
+                )
+            )
+        else:
+            _published()
+
+    def _published() -> None:
+        learner["busy"] = False
+        learner["version"] += 1
+        done_at.append(machine.now)
+        for r, rep in enumerate(reps):
+            rep.inbox.append(("weights", learner["version"]))
+            dirty.add(r)
+
+    def read(r: int, msgs: list[tuple[str, int]]) -> None:
+        """Handle the messages a recv returned, in order; a load pauses the rest."""
+        rep = reps[r]
+        for i, (what, x) in enumerate(msgs):
+            if what == "ready":
+                rep.ready[x] = machine.now
+            elif x > rep.version:  # new weights (a version it holds is skipped)
+                if costs.load_s > 0:
+                    rep.busy, rep.carry = True, msgs[i + 1 :]
+                    machine.add(
+                        Job(
+                            costs.load_s,
+                            lay.gens[r],
+                            _loaded(r, learner["version"]),
+                            "load",
+                            gen_track(r),
+                            (("version", x),),
+                            gen_loads(r),
+                        )
+                    )
+                    return
+                rep.version = learner["version"]  # the board holds the newest
+
+    def serve(r: int) -> None:
+        """Replica ``r``'s loop (``GenWorker._loop``) from where it stands, at this instant."""
+        rep = reps[r]
+        if rep.carry:
+            msgs, rep.carry = rep.carry, []
+            read(r, msgs)
+        while not rep.busy:
+            batch = pick(
+                rep.ready,
+                lambda e: admits(decided[e], t, k, rep.version),
+                rep.groups,
+                shape.step_level,
+                m,
+                shape.batch_timeout_s,
+                machine.now,
+                shape.batch_max,
+            )
+            if batch:
+                for e in batch:
+                    del rep.ready[e]
+                    seg = decided[e] // t
+                    hist.setdefault(seg, [0] * (k + 1))[seg - rep.version] += 1
+                rep.busy = True
+                counts["batches"] += 1
+                counts["envs"] += len(batch)
+                events.append(
+                    ("gen", r, tuple(batch), rep.version, tuple(decided[e] // t for e in batch))
+                )
+                # the engine's own work: a Ready read per unit the batch came in (one per env
+                # at the step level, one per env worker's share in lock step), a Go sent per
+                # env worker it acted for
+                workers = len({owner[e] for e in batch})
+                units = len(batch) if shape.step_level else workers
+                secs = costs.gen_s(len(batch), messages=units + workers)
+                if costs.offload_s > 0 and _ends_rollout(rep.served, batch, decided, t):
+                    secs += costs.offload_s  # the rollout's last call drops the weights
+                machine.add(
+                    Job(
+                        secs,
+                        lay.gens[r],
+                        _acted(r, batch),
+                        "gen",
+                        gen_track(r),
+                        (("batch", len(batch)),),
+                        gen_loads(r),
+                    )
+                )
+                return
+            if rep.inbox:
+                msgs = list(rep.inbox)
+                rep.inbox.clear()
+                read(r, msgs)
+                continue
+            if shape.step_level:  # wait out the oldest eligible env's batching timeout
+                ok = [e for e in rep.ready if admits(decided[e], t, k, rep.version)]
+                if ok:
+                    at = rep.ready[ok[0]] + shape.batch_timeout_s
+                    machine.timer(at)
+                    heapq.heappush(waits, (at, r))
+            return
+
+    def schedule() -> None:
+        if startable:
+            start_workers()
+        while waits and waits[0][0] <= machine.now + 1e-12:
+            dirty.add(heapq.heappop(waits)[1])
+        for r in sorted(dirty):
+            if not reps[r].busy:
+                serve(r)
+        dirty.clear()
+        u = learner["version"]
+        if not learner["busy"] and learner["parts"] >= u + 1:
+            learner["busy"] = True
+            events.append(("train", u))
+            machine.add(
+                Job(
+                    costs.train_s,
+                    lay.learner,
+                    _trained,
+                    "train",
+                    "learner",
+                    (("steps", n * t),),
+                    lay.learner_loads,
+                )
+            )
+
+    schedule()
+    while len(done_at) < updates:
+        if not machine.advance():
+            raise RuntimeError(f"the modelled schedule stalled at {shape.describe()}")
+        schedule()  # a timer may have fired
+    return _result(machine, costs, work, shape, lay, warmup, done_at, hist, events, counts)
+
+
+def _ends_rollout(served: set[int], batch: list[int], decided: dict[int, int], t: int) -> bool:
+    """Whether acting for ``batch`` completes the segment of every env the replica serves."""
+    acting = set(batch)
+    return all((decided[e] + (e in acting)) % t == 0 for e in served)
+
+
+def _result(
+    machine: Machine,
+    costs: StageCosts,
+    work: Workload,
+    shape: Shape,
+    lay: Layout,
+    warmup: int,
+    done_at: list[float],
+    hist: dict[int, list[int]],
+    events: list[tuple],
+    counts: dict[str, int],
+) -> Played:
+    updates = len(done_at)
+    t0 = done_at[warmup - 1] if warmup > 0 else 0.0
+    t1 = done_at[-1]
+    span = t1 - t0
+    steps = (updates - warmup) * work.env_steps_per_update
+    lanes = {"sim": len(work.workers), "gen": lay.replicas, "load": lay.replicas}
+    busy: dict[str, float] = {}
+    for s in machine.spans:
+        lo, hi = max(s.start, t0), min(s.end, t1)
+        if hi > lo:
+            busy[s.stage] = busy.get(s.stage, 0.0) + hi - lo
+    for j in machine.running:  # a job still running at the last update
+        lo = max(j.start, t0)
+        if t1 > lo:
+            busy[j.kind] = busy.get(j.kind, 0.0) + t1 - lo
+    per_update = max(1, updates - warmup)
+    # the segments trained in the steady state (segment u is trained by update u + 1)
+    steady = [0] * (len(next(iter(hist.values()))) if hist else 1)
+    for seg, counts_ in hist.items():
+        if warmup <= seg < updates:
+            steady = [a + b for a, b in zip(steady, counts_, strict=True)]
+    total = max(1, sum(steady))
+    now = machine.now
+    pred = Prediction(
+        shape=shape,
+        throughput=steps / span if span > 0 else float("inf"),
+        gen_busy=machine.busy("gen") / now / lay.replicas,
+        train_busy=machine.busy("train") / now,
+        mean_batch=counts["envs"] / max(1, counts["batches"]),
+        bubble=machine.idle / now,
+        update_s=span / per_update,
+        staleness=tuple(c / total for c in steady),
+        stage_busy={s: b / per_update for s, b in busy.items()},
+        stage_util={s: b / (lanes.get(s, 1) * span) for s, b in busy.items()} if span > 0 else {},
+    )
+    return Played(pred, machine.spans, events, steady, done_at, (t0, t1))
+
+
+def simulate(
+    costs: StageCosts,
+    work: Workload,
+    shape: Shape,
+    updates: int = 8,
+    warmup: int = 2,
+    seed: int = 0,
+    layout: Layout | None = None,
+) -> Prediction:
+    """Play ``updates`` updates of the schedule; the figures are over those after ``warmup``."""
+    return play(costs, work, shape, layout, updates, warmup, seed).prediction
