@@ -176,6 +176,7 @@ def test_elastic_run_profiles_itself_without_a_stored_profile(tiny_cfg, tmp_path
 
 
 @two_cores
+@pytest.mark.slow  # Ray worker processes: ~28 s; make test-slow (CI runs it)
 def test_pinned_plan_reaches_ray_worker_processes(tmp_path):
     """Each Ray worker pins its whole process; the driver's affinity stays; Ray shuts down."""
     ray = pytest.importorskip("ray")

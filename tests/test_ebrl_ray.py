@@ -70,6 +70,7 @@ def reports(cfg, sched, n):
         gen.close()
 
 
+@pytest.mark.slow  # ~27 s; make test-slow (CI runs it)
 def test_ray_and_inprocess_backends_give_the_same_results():
     """k = 0 makes the versions deterministic; per-env noise makes actions batch-independent."""
     cfg = make_cfg([*TINY, "num_envs=6", "scheduler=ebrl", "tracking.enabled=false"])
@@ -124,6 +125,7 @@ def test_stage_exception_on_ray_shuts_everything_down():
     assert not wait_gone(before)
 
 
+@pytest.mark.slow  # a 2-node Ray cluster: ~30 s; make test-slow (CI runs it)
 def test_multi_node_cluster_places_roles_by_resources():
     from ray.cluster_utils import Cluster
 

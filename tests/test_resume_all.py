@@ -162,7 +162,6 @@ def test_a_failed_job_fails_its_slurm_job(monkeypatch):
     """In a Slurm job, the job's exception leaves the launcher's call (Submitit then pickles it
     as an error and exits non-zero); a completed job's result is returned as it is."""
     from hydra.core.utils import JobReturn, JobStatus
-    from hydra_plugins.hydra_submitit_launcher import submitit_launcher
 
     from ebrl.schedulers.base import StageError
     from hydra_plugins.ebrl_launcher.slurm_launcher import SlurmLauncher
@@ -170,9 +169,12 @@ def test_a_failed_job_fails_its_slurm_job(monkeypatch):
     ret = JobReturn(status=JobStatus.FAILED, _return_value=StageError("learner", "died"))
     ok = JobReturn(status=JobStatus.COMPLETED, _return_value=3)
     returns = iter([ok, ret])
-    monkeypatch.setattr(
-        submitit_launcher.SlurmLauncher, "__call__", lambda self, *a, **k: next(returns)
-    )
+    # the class ours extends, as ours holds it: Hydra's plugin scan re-executes the plugin
+    # modules (a fresh hydra_submitit_launcher module object), so an earlier test's scan can leave
+    # the name in sys.modules bound to another copy of the same class
+    base = SlurmLauncher.__bases__[0]
+    assert base.__name__ == "SlurmLauncher" and "submitit_launcher" in base.__module__
+    monkeypatch.setattr(base, "__call__", lambda self, *a, **k: next(returns))
     for k in ("SLURM_PROCID", "SLURM_NTASKS", "SLURM_JOB_ID"):  # a job of one task
         monkeypatch.delenv(k, raising=False)
     launcher = SlurmLauncher.__new__(SlurmLauncher)  # what runs inside the job: its __call__

@@ -74,6 +74,8 @@ def test_the_staleness_bound_holds_per_replica_and_across_them(k, monkeypatch):
     assert StalenessError  # the learner's check is the one under test
 
 
+@pytest.mark.slow  # Ray, 2 replicas and 2 ranks: ~33 s; make test-slow (CI runs it); the
+# in-process 2 + 2 runs above stay in make test
 def test_replicas_and_ranks_on_ray_compute_the_one_process_run():
     """The issue's check on the engine: 2 replicas and a 2-rank gloo learner on Ray give the
     1 + 1 in-process run's returns, losses and KL."""
