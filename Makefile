@@ -9,7 +9,7 @@ export VK_ICD_FILENAMES ?= $(abspath $(VULKAN))
 export PYTHONUNBUFFERED := 1
 SEEDS ?= 0,1,2
 
-.PHONY: help setup setup-libero run train test test-slow test-faults test-gpu test-rlinf test-slurm lint format bench-sim bench-learn learn-report late-eval bench-sched bench-alloc bench-soak clean
+.PHONY: help setup setup-libero run train test test-slow test-faults test-rliable test-gpu test-rlinf test-slurm lint format bench-sim bench-learn learn-report late-eval bench-sched bench-alloc bench-soak clean
 
 help:
 	@echo "make run        set up, then the main job: EBRL vs Colocated/Hybrid/Async, 3 seeds (~10 min)"
@@ -17,6 +17,7 @@ help:
 	@echo "make test       set up, then the default test suite"
 	@echo "make test-slow  the slower checks (a 2-node Ray cluster's placement); CI runs them too"
 	@echo "make test-faults the fault-injection matrix: every scheduler x signals, killed workers and drivers (~40 min)"
+	@echo "make test-rliable  analysis.stats against rliable's own functions (own venv: pandas < 3)"
 	@echo "make test-gpu   the GPU checks (NVIDIA GPU + MPS), scripts/gpu_check.sh"
 	@echo "make test-rlinf the RLinf golden tests (own venv with rlinf 0.3, RLinf checkout at v0.3)"
 	@echo "make test-slurm a single-node Slurm here (installs slurm-wlm, munge), a job requeued twice (~8 min)"
@@ -32,7 +33,7 @@ help:
 	@echo "make sweep SWEEP=<name> [SIZE=cpu|full] [ARGS=...]   any sweep of conf/sweep/"
 	@echo "make ui [UI_PORT=5000]   the MLflow UI on 127.0.0.1 over outputs/mlflow"
 	@echo "make mlflow-server [HOST=127.0.0.1] [PORT=5000]   a tracking server for multi-node sweeps; prints the TRACKING_URI=... to give targets"
-	@echo "make fig-motivation [SIZE=cpu|full]   the paper's motivation measurements beside ours (CPU ~8 min, estimated; SIZE=full: a dry run)"
+	@echo "make fig-motivation [SIZE=cpu|full]   the paper's motivation measurements beside ours (CPU ~17 min; SIZE=full: a dry run)"
 
 setup: $(STAMP) $(VULKAN)
 
@@ -92,6 +93,17 @@ test-slow: setup setup-libero
 # `make test` runs its fast cells.
 test-faults: setup
 	$(PY) -m pytest -q -m "faults or not faults" tests/test_faults.py
+
+# analysis.stats against rliable's own functions (tests/test_analysis_rliable.py; skipped by `make
+# test`): rliable in a venv of its own, since its stratified bootstrap needs arch 7.x, which does not
+# import under the project's pandas 3. The test imports only analysis.stats (numpy, scipy, pandas),
+# so it runs without the project's conftest (~1 min the first time, seconds after).
+RLIABLE_VENV ?= .venv-rliable
+test-rliable:
+	@test -x $(RLIABLE_VENV)/bin/python || $(PYTHON) -m venv $(RLIABLE_VENV)
+	$(RLIABLE_VENV)/bin/python -m pip install -q 'pandas<3' 'scipy>=1.11' rliable pytest
+	PYTHONPATH=$(CURDIR) $(RLIABLE_VENV)/bin/python -m pytest -q -rs --noconftest -o addopts= \
+	  -p no:cacheprovider tests/test_analysis_rliable.py
 
 test-gpu: setup
 	$(PY) -m pytest -q -m gpu
@@ -277,7 +289,7 @@ mlflow-server:
 # utilisation and SM occupancy, CPU cores busy, the simulator step-latency tail, trajectories
 # shortening), ours beside the paper's. CPU size: sweep `motivation` (Colocated, Hybrid, Async,
 # EBRL on the embedded default, 20 updates each, every core sampled every 0.2 s, and a learning
-# run; one run at a time, ~8 min here by estimate), then analysis.motivation writes the table, figures and
+# run; one run at a time, ~17 min here: 2 min a throughput run, 7 min of learning), then analysis.motivation writes the table, figures and
 # data into results/motivation-cpu/. SIZE=full prints the GPU-node sweep (motivation_full: pi0 on
 # LIBERO, one 8-GPU H100 node per run, NVML sampled) as a dry run; SIZE=full SUBMIT=1 submits it
 # to Slurm and draws the report when its jobs are done.
