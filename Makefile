@@ -101,7 +101,7 @@ test-faults: setup
 RLIABLE_VENV ?= .venv-rliable
 test-rliable:
 	@test -x $(RLIABLE_VENV)/bin/python || $(PYTHON) -m venv $(RLIABLE_VENV)
-	$(RLIABLE_VENV)/bin/python -m pip install -q 'pandas<3' 'scipy>=1.11' rliable pytest
+	$(RLIABLE_VENV)/bin/python -m pip install -q 'pandas<3' 'scipy>=1.11' rliable pytest pytest-timeout
 	PYTHONPATH=$(CURDIR) $(RLIABLE_VENV)/bin/python -m pytest -q -rs --noconftest -o addopts= \
 	  -p no:cacheprovider tests/test_analysis_rliable.py
 
