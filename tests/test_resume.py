@@ -31,7 +31,7 @@ def command(tmp_path: Path) -> list[str]:
     ]
 
 
-@pytest.mark.slow  # ~30 s; the default run has the fault matrix's sync-usr2 cell (tests/test_faults.py)
+@pytest.mark.slow  # ~30 s; make test has the fault matrix's sync-usr2 cell (tests/test_faults.py)
 def test_sigterm_then_rerun_resumes_into_the_same_mlflow_run(tmp_path):
     progress = tmp_path / "run" / "progress.json"
     proc = subprocess.Popen(
