@@ -289,8 +289,8 @@ mlflow-server:
 # utilisation and SM occupancy, CPU cores busy, the simulator step-latency tail, trajectories
 # shortening), ours beside the paper's. CPU size: sweep `motivation` (Colocated, Hybrid, Async,
 # EBRL on the embedded default, 20 updates each, every core sampled every 0.2 s, and a learning
-# run; one run at a time, ~17 min here: 2 min a throughput run, 7 min of learning), then analysis.motivation writes the table, figures and
-# data into results/motivation-cpu/. SIZE=full prints the GPU-node sweep (motivation_full: pi0 on
+# run; one run at a time, ~17 min here: 2 min a throughput run, 7 min of learning), then
+# analysis.motivation writes the table, figures and data into results/motivation-cpu/. SIZE=full prints the GPU-node sweep (motivation_full: pi0 on
 # LIBERO, one 8-GPU H100 node per run, NVML sampled) as a dry run; SIZE=full SUBMIT=1 submits it
 # to Slurm and draws the report when its jobs are done.
 _MOT_OUT = outputs/sweeps/motivation-$(SIZE)/$(NOW)

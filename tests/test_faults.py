@@ -57,8 +57,9 @@ WORKER_FAULTS = {"sim_kill": "EnvWorker", "gen_kill": "GenWorker", "learner_kill
 HANG = {"sim_stop", "gen_stop", "learner_stop"}
 #: a dead or hung env worker or generator is replaced: the run goes on and finishes
 REPLACED = {"sim_kill", "sim_stop", "gen_kill", "gen_stop"}
-#: in `make test`: Submitit's time-limit requeue (USR2) of the synchronous schedule (~35 s); EBRL's
-#: preemption and its dead workers are in the default run through tests/test_ebrl_ray.py
+#: in `make test`: Submitit's time-limit requeue (USR2) of the synchronous schedule (~35 s). EBRL's
+#: resume (tests/test_resume_all.py) and its dead workers on Ray (tests/test_ebrl_ray.py) are in the
+#: default run too; its signals under Ray are the SLOW cell ebrl-sigterm_all
 FAST = {("sync", "usr2")}
 #: in `make test-slow` (CI runs it after `make test`): too long for the default run (~60-95 s each)
 SLOW = {("ebrl", "sim_kill"), ("ebrl", "sigterm_all")}
