@@ -497,7 +497,8 @@ class GenWorker(_Worker):
         """Install the learner's weights: from the board (the newest published version, which
         may be newer than ``m``'s: never older) or inline from the message."""
         t0 = time.perf_counter()
-        with self.timeline.span("load", self.name, version=m.version):
+        source = "board" if m.state is None else "inline"
+        with self.timeline.span("load", self.name, version=m.version, source=source):
             if m.state is None:
                 self.stage.load_from(self.board)
             else:
