@@ -109,6 +109,16 @@ def main(argv: list[str] | None = None) -> int:
                 left.append(pid)
     shm_after = len(list(Path("/dev/shm").glob("ebrl_*")))
     summary = json.loads((run_dir / "summary.json").read_text()) if code == 0 else {}
+    if not samples:  # the run ended inside the warm-up: nothing to compare, say why
+        tail = (out / "train.log").read_text().splitlines()[-15:]
+        print(
+            f"the training run exited with code {code} after {time.time() - t0:.0f} s, before "
+            f"the first sample (warm-up {args.warmup:g} s); its log ({out / 'train.log'}) ends:",
+            *tail,
+            sep="\n",
+            file=sys.stderr,
+        )
+        return 2
     base, late = samples[0], samples[1:]
     rss_dev = max((abs(s["rss_mib"] / base["rss_mib"] - 1) for s in late), default=0.0)
     checks = {
