@@ -113,14 +113,14 @@ test-gpu: setup
 # extra (~3.4 GB, ~2 min) and an RLinf checkout at v0.3 (RLINF_REPO, cloned if absent).
 RLINF_VENV ?= .venv-rlinf
 RLINF_REPO ?= .cache/rlinf-src
-test-rlinf:
+test-rlinf: $(VULKAN)
 	@test -x $(RLINF_VENV)/bin/python || $(PYTHON) -m venv $(RLINF_VENV)
 	$(RLINF_VENV)/bin/python -m pip install -q -c constraints.txt torch==2.13.0
-	$(RLINF_VENV)/bin/python -m pip install -q -c constraints.txt -e '.[dev,rlinf]'
+	$(RLINF_VENV)/bin/python -m pip install -q -c constraints.txt -e '.[dev,sim,rlinf]'
 	@test -d $(RLINF_REPO)/examples/embodiment/config || \
 	  git clone -q --depth 1 --branch v0.3 https://github.com/RLinf/RLinf $(RLINF_REPO)
 	RLINF_REPO=$(abspath $(RLINF_REPO)) $(RLINF_VENV)/bin/python -m pytest -q -rs \
-	  tests/test_rlinf_translate.py
+	  tests/test_rlinf_translate.py tests/test_rlinf_env.py
 
 # The real-Slurm checks (issue 15, preemption and faults), skipped by `make test`: a single-node
 # Slurm on this machine (scripts/slurm_local.sh: installs Debian's slurm-wlm and munge if missing,

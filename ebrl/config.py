@@ -121,6 +121,37 @@ def check_libero(sim: LiberoSim) -> None:
     )
 
 
+@dataclass
+class RLinfSim:
+    """An env of RLinf's env registry, built by RLinf's own class (``ebrl.envs.rlinf_env``).
+
+    ``conf/simulator/rlinf_maniskill.yaml`` is RLinf's ManiSkill env on CPU physics. Needs RLinf
+    in the interpreter that runs the env workers (``make test-rlinf`` builds ``.venv-rlinf``).
+    """
+
+    _target_: str = "ebrl.envs.rlinf_env.RLinfEnv"
+    name: str = "rlinf"
+    #: RLinf's env type (env.train.env_type): maniskill, libero, robocasa, ...
+    env_type: str = MISSING
+    #: RLinf's env config for it (env.train of an RLinf run), as RLinf's class reads it
+    env_cfg: dict[str, Any] = field(default_factory=dict)
+    max_episode_steps: int = 50
+    #: the observation entry that is the flat state
+    obs_key: str = "states"
+    #: the action size, where RLinf's class exposes no action space
+    action_dim: int | None = None
+    action_low: float = -1.0
+    action_high: float = 1.0
+    #: another get_env_cls (a dotted path; the tests' CPU fake); None: RLinf's
+    registry: str | None = None
+    #: the package it needs (import name), and how to get it
+    package: str = "rlinf"
+    install: str = (
+        "RLinf runs in its own venv: `make test-rlinf` builds .venv-rlinf (pip install -e "
+        "'.[rlinf]'); run ebrl from that interpreter"
+    )
+
+
 class CostMode(StrEnum):
     burn = "burn"
     sleep = "sleep"
@@ -918,6 +949,7 @@ _NODES: list[tuple[str, str, type]] = [
     ("simulator", "synthetic_schema", SyntheticSim),
     ("simulator", "counting_schema", CountingSim),
     ("simulator", "libero_schema", LiberoSim),
+    ("simulator", "rlinf_schema", RLinfSim),
     ("policy", "mlp_schema", MLPPolicyNode),
     ("policy", "transformer_schema", TransformerPolicyNode),
     ("algo", "ppo_schema", PPONode),
@@ -1176,6 +1208,11 @@ def validate(cfg: DictConfig, machine: MachineFacts | None = None) -> RunConfig:
         _check(run.simulator.tail_ratio >= 1.0, "simulator.tail_ratio (P99/mean) must be >= 1")
     if isinstance(run.simulator, LiberoSim):
         check_libero(run.simulator)
+    if isinstance(run.simulator, RLinfSim):
+        _check(
+            run.simulator.max_episode_steps >= 1,
+            f"simulator.max_episode_steps={run.simulator.max_episode_steps}: must be >= 1",
+        )
     check_machine(run, machine if machine is not None else local_machine())
     check_issue6_values(run)
     return run

@@ -1,0 +1,217 @@
+"""Any environment of RLinf's env registry as one ebrl :class:`~ebrl.envs.base.Env`.
+
+RLinf (the system EBRL extends) wraps its simulators (ManiSkill, LIBERO, RoboCasa, ...) behind
+one contract: ``get_env_cls(env_type, cfg)`` gives the class; an instance is built as
+``cls(cfg, num_envs, seed_offset, total_num_processes, worker_info)`` and holds ``num_envs``
+envs; ``reset()`` returns ``(obs, infos)``; ``step(actions [N, A], auto_reset=False)`` returns
+``(obs, reward [N], terminations [N], truncations [N], infos)``, with ``infos["success"]`` where
+the task defines it; observations are a dict whose ``"states"`` entry is the flat state
+``[N, O]`` (images and the task's instruction ride beside it).
+
+:class:`RLinfEnv` builds one such instance with ``num_envs=1`` per ebrl env and steps it action
+by action (``auto_reset=False``), so ebrl's :class:`~ebrl.envs.base.EnvGroup` keeps its own
+contract: an env stops at the step its episode ends, inside a chunk, and resets itself with
+ebrl's seed. RLinf's ``chunk_step`` applies the whole chunk and reports the episode's end only
+at the chunk's last column, which would hide where inside a chunk the episode ended; the
+adapter uses ``step`` for that reason.
+
+What it does not cover, plainly: image observations (ebrl's policies take the flat state; the
+images are dropped), and RLinf's vectorised GPU envs (ManiSkill's GPU backend with hundreds of
+envs in one instance, BEHAVIOR's subprocess pool): those step every env of the instance
+together, which ebrl's per-env stepping would need as a vectorised env group of its own.
+
+``registry`` names another ``get_env_cls`` (a dotted path or a callable): the tests use one
+that returns a CPU fake with RLinf's contract.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+
+from ebrl.envs.base import EnvSpec, StepResult
+
+#: RLinf's env types whose class takes the common constructor (cfg, num_envs, seed_offset,
+#: total_num_processes, worker_info); BEHAVIOR's takes a subprocess pool's arguments instead
+COMMON_CONSTRUCTOR = ("maniskill", "libero", "robocasa", "metaworld", "calvin", "robotwin")
+
+GetEnvCls = Callable[[str, Any], type]
+
+
+def rlinf_registry(registry: str | GetEnvCls | None = None) -> GetEnvCls:
+    """RLinf's ``get_env_cls`` (or the one ``registry`` names); a clear error without RLinf."""
+    if callable(registry):
+        return registry
+    if registry:
+        from hydra.utils import get_method
+
+        return get_method(registry)
+    try:
+        from rlinf.envs import get_env_cls
+    except ImportError as e:
+        raise RuntimeError(
+            f"simulator through RLinf's env registry: RLinf is not importable here ({e}). "
+            "Install it in its own venv (`make test-rlinf` builds .venv-rlinf with the rlinf "
+            "extra, ~3.4 GB) and run from that interpreter, or pick a simulator ebrl steps "
+            "itself (simulator=pushcube, simulator=libero)."
+        ) from e
+    return get_env_cls
+
+
+def _first(x: Any) -> Any:
+    """Element 0 of a batched value (a tensor, an array, a list or a scalar)."""
+    if hasattr(x, "detach"):
+        x = x.detach().cpu().numpy()
+    arr = np.asarray(x)
+    return arr.reshape(-1)[0] if arr.size else False
+
+
+class RLinfEnv:
+    """One env of RLinf's registry (``env_type``), built by RLinf's own class.
+
+    Args:
+        env_type: RLinf's env type (``maniskill``, ``libero``, ``robocasa``, ...).
+        env_cfg: RLinf's env config for it (the ``env.train`` node of an RLinf run: e.g.
+            ``init_params``, ``seed``, ``group_size``, ``wrap_obs_mode``); ``auto_reset`` is
+            forced off (ebrl resets), ``num_envs`` is 1.
+        max_episode_steps: the time limit ebrl enforces (RLinf's own fires too, where set).
+        env_id: this env's global id: RLinf's ``seed_offset``.
+        obs_key: the observation entry that is the flat state.
+        action_dim: the action size, where the class does not expose an action space.
+        action_low, action_high: the action box (actions are clipped to it).
+        registry: another ``get_env_cls`` (dotted path or callable); None: RLinf's.
+        **_node: the rest of the config node (name, package, install: what ``validate`` reads).
+
+    Raises:
+        RuntimeError: RLinf (or the registry) is missing, or the env type's class takes
+            another constructor.
+        KeyError: the observation has no ``obs_key`` entry.
+    """
+
+    def __init__(
+        self,
+        *,
+        env_type: str,
+        env_cfg: Mapping[str, Any],
+        max_episode_steps: int,
+        env_id: int = 0,
+        obs_key: str = "states",
+        action_dim: int | None = None,
+        action_low: float = -1.0,
+        action_high: float = 1.0,
+        registry: str | GetEnvCls | None = None,
+        **_node: Any,
+    ) -> None:
+        from omegaconf import OmegaConf
+
+        get_env_cls = rlinf_registry(registry)
+        if env_type == "maniskill":  # SAPIEN needs a Vulkan driver before its first env
+            from ebrl.envs.vulkan import ensure_vulkan
+
+            ensure_vulkan()
+        cfg = OmegaConf.create(
+            OmegaConf.to_container(env_cfg, resolve=True)
+            if OmegaConf.is_config(env_cfg)
+            else dict(env_cfg)
+        )
+        cfg.auto_reset = False  # ebrl resets each env itself, with its own seeds
+        if "init_params" in cfg:
+            cfg.init_params.num_envs = 1
+        try:
+            cls = get_env_cls(env_type, cfg)
+        except ImportError as e:  # the simulator RLinf wraps is not installed
+            raise RuntimeError(
+                f"RLinf env type {env_type!r} needs a package this interpreter cannot import "
+                f"({e}); install the simulator in the venv that runs RLinf"
+            ) from e
+        if registry is None and env_type not in COMMON_CONSTRUCTOR:
+            raise RuntimeError(
+                f"RLinf env type {env_type!r} ({cls.__name__}) does not take RLinf's common "
+                "constructor (cfg, num_envs, seed_offset, total_num_processes, worker_info), so "
+                "ebrl cannot build it env by env; types it can: " + ", ".join(COMMON_CONSTRUCTOR)
+            )
+        self.env_type = env_type
+        self.obs_key = obs_key
+        self.max_episode_steps = int(max_episode_steps)
+        self.env = cls(cfg, 1, int(env_id), 1, None)
+        reset = inspect.signature(self.env.reset).parameters
+        self._seeded = "seed" in reset
+        self._options = "options" in reset
+        obs = self._reset(None)
+        self.action_low = np.float32(action_low)
+        self.action_high = np.float32(action_high)
+        adim = action_dim if action_dim is not None else self._action_dim()
+        self.spec = EnvSpec(
+            obs_dim=int(obs.shape[0]),
+            action_dim=int(adim),
+            max_episode_steps=self.max_episode_steps,
+            action_low=float(action_low),
+            action_high=float(action_high),
+        )
+        self._t = 0
+
+    def _action_dim(self) -> int:
+        for owner in (self.env, getattr(self.env, "env", None)):
+            for name in ("single_action_space", "action_space"):
+                space = getattr(getattr(owner, "unwrapped", owner), name, None)
+                shape = getattr(space, "shape", None)
+                if shape:
+                    return int(shape[-1])
+        raise RuntimeError(
+            f"RLinf env type {self.env_type!r}: its class exposes no action space; set the "
+            "simulator's action_dim"
+        )
+
+    def _state(self, obs: Any) -> np.ndarray:  # -> [O] float32
+        if not isinstance(obs, Mapping) or self.obs_key not in obs:
+            have = sorted(obs) if isinstance(obs, Mapping) else type(obs).__name__
+            raise KeyError(
+                f"RLinf env type {self.env_type!r}: its observation has no {self.obs_key!r} "
+                f"entry (it has {have}); set the simulator's obs_key, or its RLinf "
+                "wrap_obs_mode so that the state is returned"
+            )
+        x = obs[self.obs_key]
+        arr = x.detach().cpu().numpy() if hasattr(x, "detach") else np.asarray(x)
+        return np.array(arr.reshape(-1), dtype=np.float32, copy=True)
+
+    def _reset(self, seed: int | None) -> np.ndarray:
+        kwargs: dict[str, Any] = {}
+        if seed is not None and self._seeded:
+            kwargs["seed"] = int(seed)
+            if self._options:  # RLinf's ManiSkill env replaces the seed when options is None
+                kwargs["options"] = {}
+        obs, _ = self.env.reset(**kwargs)
+        return self._state(obs)
+
+    def reset(self, seed: int) -> np.ndarray:  # -> [O] float32
+        """A new episode; with a class whose ``reset`` takes a seed, the seed decides it
+        (otherwise the class draws its initial states itself, e.g. LIBERO's fixed states)."""
+        self._t = 0
+        return self._reset(seed)
+
+    def step(self, action: np.ndarray) -> StepResult:  # action: [A]
+        import torch
+
+        a = np.clip(np.asarray(action, dtype=np.float32), self.action_low, self.action_high)
+        obs, reward, terminated, truncated, infos = self.env.step(
+            torch.from_numpy(a[None]), auto_reset=False
+        )
+        self._t += 1
+        success = infos.get("success", False) if isinstance(infos, Mapping) else False
+        return StepResult(
+            obs=self._state(obs),
+            reward=float(_first(reward)),
+            terminated=bool(_first(terminated)),
+            truncated=bool(_first(truncated)) or self._t >= self.max_episode_steps,
+            success=bool(_first(success)),
+        )
+
+    def close(self) -> None:
+        for owner in (self.env, getattr(self.env, "env", None)):
+            close = getattr(owner, "close", None)
+            if callable(close):
+                close()
+                return

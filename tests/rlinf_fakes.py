@@ -1,0 +1,70 @@
+"""A CPU fake of an RLinf env class: RLinf's env contract, without RLinf.
+
+It follows what RLinf's ManiSkill env does (``rlinf/envs/maniskill/maniskill_env.py``, v0.3): the
+constructor ``(cfg, num_envs, seed_offset, total_num_processes, worker_info)``; ``reset(*, seed,
+options)`` that falls back to the class's own seed when ``options`` is None; ``step(actions
+[N, A], auto_reset)`` returning batched torch tensors and ``infos["success"]``; observations as
+``{"states": [N, O]}``. Episodes last ``cfg.episode_len`` steps and succeed when the actions'
+sum over the episode is positive, so a test can script a success.
+"""
+
+from __future__ import annotations
+
+import torch
+
+OBS_DIM, ACTION_DIM = 3, 2
+
+
+class FakeRLinfEnv:
+    def __init__(self, cfg, num_envs, seed_offset, total_num_processes, worker_info):
+        self.cfg, self.num_envs = cfg, num_envs
+        self.seed = int(cfg.seed) + seed_offset
+        self.auto_reset = cfg.auto_reset
+        self.episode_len = int(cfg.episode_len)
+        self.resets: list[int] = []
+        self.closed = False
+        self._t = 0
+        self._start = 0.0
+        self._sum = torch.zeros(num_envs)
+
+    def _obs(self):
+        states = torch.tensor([[self._start, float(self._t), float(self._sum[0])]])
+        return {"states": states.repeat(self.num_envs, 1), "task_descriptions": ["push"]}
+
+    def reset(self, *, seed=None, options=None):
+        if options is None:  # as RLinf's ManiSkill env: no options, its own seed
+            seed = self.seed
+        self.resets.append(int(seed))
+        self._t, self._sum = 0, torch.zeros(self.num_envs)
+        self._start = float(seed % 1000)
+        return self._obs(), {}
+
+    def step(self, actions=None, auto_reset=True):
+        assert actions.shape == (self.num_envs, ACTION_DIM), actions.shape
+        assert not auto_reset, "ebrl resets each env itself"
+        self._t += 1
+        self._sum += actions.sum(dim=1)
+        done = self._t >= self.episode_len
+        term = torch.full((self.num_envs,), done)
+        trunc = torch.zeros(self.num_envs, dtype=torch.bool)
+        success = term & (self._sum > 0)
+        reward = success.float()
+        return self._obs(), reward, term, trunc, {"success": success}
+
+    def close(self):
+        self.closed = True
+
+
+class NoStateEnv(FakeRLinfEnv):
+    def _obs(self):
+        return {"main_images": torch.zeros(self.num_envs, 8, 8, 3)}
+
+
+def get_env_cls(env_type, cfg=None):
+    if env_type == "fake":
+        return FakeRLinfEnv
+    if env_type == "no_state":
+        return NoStateEnv
+    if env_type == "needs_sim":
+        raise ImportError("No module named 'robocasa'")
+    raise ValueError(f"{env_type!r} is not a valid SupportedEnvType")

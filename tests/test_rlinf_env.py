@@ -1,0 +1,146 @@
+"""RLinf's env registry behind ebrl's env interface (ebrl.envs.rlinf_env).
+
+On a CPU fake with RLinf's env contract (tests/rlinf_fakes.py) everywhere; on RLinf's own
+ManiSkill env where RLinf is installed (``make test-rlinf``: .venv-rlinf).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import numpy as np
+import pytest
+import torch
+
+from ebrl.config import ConfigError, validate
+from ebrl.envs.base import EnvGroup, reset_seed
+from ebrl.envs.rlinf_env import RLinfEnv
+from ebrl.types import ActionChunk
+
+from . import rlinf_fakes
+from .conftest import TINY, make_cfg
+
+FAKE = "tests.rlinf_fakes.get_env_cls"
+FAKE_CFG = {"seed": 0, "auto_reset": True, "episode_len": 3}
+
+
+def fake_env(env_id: int = 0, **kw) -> RLinfEnv:
+    args = dict(env_type="fake", env_cfg=FAKE_CFG, max_episode_steps=50, action_dim=2)
+    return RLinfEnv(env_id=env_id, registry=FAKE, **{**args, **kw})
+
+
+def chunk(ids: list[int], actions: np.ndarray) -> ActionChunk:
+    n = len(ids)
+    return ActionChunk(
+        actions=torch.as_tensor(actions, dtype=torch.float32),
+        logprob=torch.zeros(n),
+        value=torch.zeros(n),
+        env_ids=torch.tensor(ids),
+        policy_version=torch.zeros(n, dtype=torch.int64),
+    )
+
+
+def test_an_rlinf_env_resets_with_ebrls_seed_and_ends_its_episode_inside_a_chunk():
+    envs = [fake_env(0), fake_env(1)]
+    group = EnvGroup(envs, [0, 1], seed=7)
+    obs = group.reset()
+    assert obs.shape == (2, rlinf_fakes.OBS_DIM)
+    # RLinf's class was built with one env, auto-reset off, and reset with ebrl's seeds
+    built = [e.env for e in envs]
+    assert all(b.num_envs == 1 and b.auto_reset is False for b in built)
+    assert [b.resets[-1] for b in built] == [reset_seed(7, 0, 0), reset_seed(7, 1, 0)]
+    # a chunk of 4 into 3-step episodes: env 0 pushes positive (success), env 1 negative
+    acts = np.stack([np.ones((4, 2)), -np.ones((4, 2))])
+    out = group.step_chunk(chunk([0, 1], acts))
+    assert out.n_steps.tolist() == [3, 3]  # stopped where the episode ended, not at K
+    assert out.terminated.tolist() == [True, True]
+    assert out.success.tolist() == [True, False]
+    assert out.reward[:, :3].sum(dim=1).tolist() == [1.0, 0.0]
+    # the next episode starts from ebrl's next seed
+    group.step_chunk(chunk([0], np.zeros((1, 1, 2))))
+    assert built[0].resets[-1] == reset_seed(7, 0, 1)
+
+
+def test_actions_are_clipped_to_the_box_and_the_time_limit_is_ebrls_too():
+    env = fake_env(env_cfg={**FAKE_CFG, "episode_len": 100}, max_episode_steps=2)
+    env.reset(5)
+    r = env.step(np.array([9.0, -9.0], dtype=np.float32))
+    assert r.obs[2] == pytest.approx(0.0)  # clipped to [1, -1]: the sum stays 0
+    assert not r.truncated and env.step(np.zeros(2, np.float32)).truncated
+    env.close()
+    assert env.env.closed
+
+
+def test_missing_state_missing_simulator_and_missing_rlinf_are_named():
+    with pytest.raises(KeyError, match=r"no .states. entry.*main_images"):
+        fake_env(env_type="no_state")
+    with pytest.raises(RuntimeError, match=r"robocasa.*install the simulator"):
+        fake_env(env_type="needs_sim")
+    if importlib.util.find_spec("rlinf") is None:
+        with pytest.raises(RuntimeError, match=r"RLinf is not importable.*make test-rlinf"):
+            RLinfEnv(env_type="maniskill", env_cfg={}, max_episode_steps=5)
+
+
+def test_validate_names_rlinf_when_it_is_not_installed():
+    cfg = make_cfg(["simulator=rlinf_maniskill"])
+    if importlib.util.find_spec("rlinf") is not None:
+        validate(cfg)
+    else:
+        with pytest.raises(ConfigError, match=r"'rlinf'.*make test-rlinf"):
+            validate(cfg)
+
+
+FAKE_RUN = [
+    *TINY,
+    "simulator=rlinf_maniskill",
+    "simulator.env_type=fake",
+    f"simulator.registry={FAKE}",
+    "simulator.package=''",
+    "simulator.action_dim=2",
+    "+simulator.env_cfg.episode_len=3",
+    "tracking.enabled=false",
+]
+
+
+@pytest.mark.parametrize("scheduler", ["sync", "ebrl"])
+def test_a_run_trains_on_an_rlinf_env(scheduler, tmp_path):
+    from ebrl.train import train
+
+    extra = ["scheduler.backend=inprocess"] if scheduler == "ebrl" else []
+    cfg = make_cfg([*FAKE_RUN, f"scheduler={scheduler}", *extra], tmp_path)
+    summary = train(cfg)
+    assert summary.iterations == 3
+    # 3 updates x 4 envs x 4 chunks of 2 into 3-step episodes (a chunk of 2, then of 1: the
+    # episode ends inside the chunk and the env stops there): 6 steps an env an update
+    assert summary.env_steps == 3 * 4 * 6
+    assert summary.status == "FINISHED"
+
+
+needs_rlinf = pytest.mark.skipif(
+    importlib.util.find_spec("rlinf") is None or importlib.util.find_spec("mani_skill") is None,
+    reason="RLinf and ManiSkill: make test-rlinf (.venv-rlinf)",
+)
+
+
+@needs_rlinf
+def test_rlinfs_own_maniskill_env_steps_like_ebrls_adapter():
+    """RLinf's ManiskillEnv through the registry, against ebrl's own ManiSkill adapter: the
+    same task, seed and actions give the same observations and rewards."""
+    from ebrl.envs.maniskill import ManiSkillEnv
+
+    cfg = make_cfg(["simulator=rlinf_maniskill"]).simulator
+    from omegaconf import OmegaConf
+
+    node = OmegaConf.to_container(cfg, resolve=True)
+    theirs = RLinfEnv(env_type=node["env_type"], env_cfg=node["env_cfg"], max_episode_steps=50)
+    ours = ManiSkillEnv(task="PushCube-v1", max_episode_steps=50)
+    assert theirs.spec.obs_dim == ours.spec.obs_dim and theirs.spec.action_dim == 8
+    np.testing.assert_allclose(theirs.reset(3), ours.reset(3), atol=1e-6)
+    rng = np.random.default_rng(0)
+    for _ in range(5):
+        a = rng.uniform(-1, 1, 8).astype(np.float32)
+        x, y = theirs.step(a), ours.step(a)
+        np.testing.assert_allclose(x.obs, y.obs, atol=1e-5)
+        assert x.reward == pytest.approx(y.reward, abs=1e-5)
+    theirs.close()
+    ours.close()
