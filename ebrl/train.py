@@ -433,7 +433,7 @@ def train(cfg: DictConfig) -> Summary:
             summary.throughput_overall = (summary.env_steps - prog.env_steps) / max(wall, 1e-9)
             steady_s = t_last - t_steady
             summary.throughput_e2e = (summary.env_steps - steps_steady) / max(steady_s, 1e-9)
-            if t_steady == t_start:  # fewer updates than the warm-up: no steady state
+            if t_steady == t_start or steady_s <= 0:  # no update after the warm-up
                 summary.throughput_e2e = summary.throughput_overall
             if sampler is not None:
                 sampler.stop()

@@ -144,3 +144,14 @@ def test_rlinfs_own_maniskill_env_steps_like_ebrls_adapter():
         assert x.reward == pytest.approx(y.reward, abs=1e-5)
     theirs.close()
     ours.close()
+
+
+def test_a_run_no_longer_than_its_warm_up_reports_its_overall_rate(tmp_path):
+    """budget.iterations = warmup_iters leaves no steady window: the summary's rate is the
+    whole run's, not 0 (seen on a 2-update RLinf run)."""
+    from ebrl.train import train
+
+    cfg = make_cfg([*FAKE_RUN, "scheduler=sync", "budget.iterations=1", "warmup_iters=1"], tmp_path)
+    s = train(cfg)
+    assert s.iterations == 1 and s.throughput_overall > 0
+    assert s.throughput_e2e == pytest.approx(s.throughput_overall)
