@@ -120,7 +120,8 @@ test-rlinf: $(VULKAN)
 	@test -d $(RLINF_REPO)/examples/embodiment/config || \
 	  git clone -q --depth 1 --branch v0.3 https://github.com/RLinf/RLinf $(RLINF_REPO)
 	RLINF_REPO=$(abspath $(RLINF_REPO)) $(RLINF_VENV)/bin/python -m pytest -q -rs \
-	  tests/test_rlinf_translate.py tests/test_rlinf_env.py
+	  tests/test_rlinf_translate.py tests/test_rlinf_env.py \
+	  tests/test_rlinf_policy.py
 
 # The real-Slurm checks (issue 15, preemption and faults), skipped by `make test`: a single-node
 # Slurm on this machine (scripts/slurm_local.sh: installs Debian's slurm-wlm and munge if missing,

@@ -192,6 +192,29 @@ class CountingSim:
 
 # --- policies ---------------------------------------------------------------------------------
 @dataclass
+class RLinfPolicyNode:
+    """A model of RLinf's model registry (``ebrl.policies.rlinf_policy``).
+
+    ``conf/policy/rlinf_mlp.yaml`` is RLinf's ``mlp_policy``. Needs RLinf in the interpreter
+    (``make test-rlinf`` builds ``.venv-rlinf``).
+    """
+
+    _target_: str = "ebrl.policies.rlinf_policy.RLinfPolicy"
+    name: str = "rlinf"
+    #: RLinf's model type (actor.model.model_type)
+    model_type: str = MISSING
+    #: the rest of RLinf's actor.model node for it (obs/action dims and the chunk come from ebrl)
+    model_cfg: dict[str, Any] = field(default_factory=dict)
+    #: another get_model (a dotted path; the tests' CPU fake); None: RLinf's
+    registry: str | None = None
+    package: str = "rlinf"
+    install: str = (
+        "RLinf runs in its own venv: `make test-rlinf` builds .venv-rlinf (pip install -e "
+        "'.[rlinf]'); run ebrl from that interpreter"
+    )
+
+
+@dataclass
 class MLPPolicyNode:
     _target_: str = "ebrl.policies.mlp.MLPPolicy"
     hidden: int = 256
@@ -666,6 +689,13 @@ def check_machine(run: RunConfig, machine: MachineFacts) -> None:
                 f"gpu={gpu.name} has none: use an RTX-class GPU (gpu=rtx4090, or an L40S/RTX 6000 "
                 "node added to conf/gpu/)",
             )
+    pol = run.policy
+    if isinstance(pol, RLinfPolicyNode) and pol.package and machine.find_package is not None:
+        _check(
+            machine.find_package(pol.package) is not None,
+            f"policy={pol.name} needs the Python package '{pol.package}', which {machine.where} "
+            f"cannot import: {pol.install}",
+        )
     sim = run.simulator
     package, install = _SIM_PACKAGES.get(type(sim), (getattr(sim, "package", None), ""))
     install = getattr(sim, "install", "") or install
@@ -951,6 +981,7 @@ _NODES: list[tuple[str, str, type]] = [
     ("simulator", "libero_schema", LiberoSim),
     ("simulator", "rlinf_schema", RLinfSim),
     ("policy", "mlp_schema", MLPPolicyNode),
+    ("policy", "rlinf_policy_schema", RLinfPolicyNode),
     ("policy", "transformer_schema", TransformerPolicyNode),
     ("algo", "ppo_schema", PPONode),
     ("algo", "grpo_schema", GRPONode),
@@ -1187,6 +1218,13 @@ def validate(cfg: DictConfig, machine: MachineFacts | None = None) -> RunConfig:
         f"checkpoint.every_iters={run.checkpoint.every_iters} would leave it behind the final "
         "weights: set checkpoint.every_iters=1 or eval.episodes=0",
     )
+    if isinstance(run.algo, GRPONode) and isinstance(run.policy, RLinfPolicyNode):
+        _check(
+            run.algo.cfg.kl_coef == 0,
+            f"algo.cfg.kl_coef={run.algo.cfg.kl_coef} with policy={run.policy.name}: GRPO's KL to "
+            "a reference policy needs a Gaussian's loc and scale, and RLinf's models give "
+            "log-probs only; set algo.cfg.kl_coef=0",
+        )
     if isinstance(run.algo, GRPONode):
         _check(
             run.algo.cfg.group_size >= 2 and run.num_envs % run.algo.cfg.group_size == 0,

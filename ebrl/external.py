@@ -21,10 +21,24 @@ class UnavailableHere(RuntimeError):
 
 
 def _no_adapter(kind: str, name: str, rlinf_name: str) -> NotImplementedError:
+    if kind == "policy":
+        why = (
+            "ebrl's adapter over RLinf's model registry (ebrl.policies.rlinf_policy; "
+            "policy=rlinf_mlp) trains models whose rollout hands the learner the observation "
+            "and the chunk only, and this VLA's hands it more (its forward_inputs), which "
+            "ebrl's data contract does not carry yet"
+        )
+    else:
+        why = (
+            "ebrl's adapter over RLinf's env registry (ebrl.envs.rlinf_env; "
+            "simulator=rlinf_maniskill) builds it env by env where RLinf's class takes the "
+            f"common constructor: simulator=rlinf_maniskill simulator.env_type={rlinf_name} "
+            "with RLinf's env config for it in simulator.env_cfg"
+        )
     return NotImplementedError(
-        f"{kind}={name}: ebrl's in-process engine has no adapter for it; the paper's GPU runs "
-        f"launch RLinf with the equivalent configuration (RLinf name {rlinf_name!r}). "
-        "On CPU use policy=transformer_l and simulator=pushcube."
+        f"{kind}={name}: {why}; the paper's GPU runs launch RLinf with the equivalent "
+        f"configuration (RLinf name {rlinf_name!r}). On CPU use policy=transformer_l and "
+        "simulator=pushcube."
     )
 
 

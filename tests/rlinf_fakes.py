@@ -68,3 +68,75 @@ def get_env_cls(env_type, cfg=None):
     if env_type == "needs_sim":
         raise ImportError("No module named 'robocasa'")
     raise ValueError(f"{env_type!r} is not a valid SupportedEnvType")
+
+
+# --- models: RLinf's model contract (rlinf/models/embodiment/mlp_policy, v0.3) -----------------
+class FakeRLinfMLP(torch.nn.Module):
+    """RLinf's MLP policy contract: a Gaussian over the chunk's K*A dims, a value head;
+    ``predict_action_batch`` -> (chunk [B, K, A], {prev_logprobs [B, K*A], prev_values [B, 1],
+    forward_inputs}); ``default_forward(forward_inputs, ...)`` -> logprobs, entropy, values."""
+
+    extra_inputs: tuple[str, ...] = ()
+
+    def __init__(self, cfg):
+        super().__init__()
+        self.k, self.a = int(cfg.num_action_chunks), int(cfg.action_dim)
+        self.net = torch.nn.Linear(int(cfg.obs_dim), self.k * self.a)
+        self.logstd = torch.nn.Parameter(torch.full((1, self.k * self.a), -0.5))
+        self.value_head = torch.nn.Linear(int(cfg.obs_dim), 1)
+
+    def _dist(self, states):
+        mean = self.net(states)
+        return torch.distributions.Normal(mean, self.logstd.exp().expand_as(mean))
+
+    @torch.inference_mode()
+    def predict_action_batch(self, env_obs, mode="train", **kwargs):
+        states = env_obs["states"]
+        d = self._dist(states)
+        action = d.mean if mode == "eval" else d.sample()
+        inputs = {"action": action, "model_action": action, "states": states}
+        inputs.update({k: torch.zeros(states.shape[0], 3) for k in self.extra_inputs})
+        result = {
+            "prev_logprobs": d.log_prob(action),
+            "prev_values": self.value_head(states),
+            "forward_inputs": inputs,
+        }
+        return action.reshape(-1, self.k, self.a), result
+
+    def default_forward(
+        self,
+        forward_inputs,
+        compute_logprobs=True,
+        compute_entropy=True,
+        compute_values=True,
+        **kwargs,
+    ):
+        states, action = forward_inputs["states"], forward_inputs["action"]
+        d = self._dist(states)
+        return {
+            "logprobs": d.log_prob(action),
+            "entropy": d.entropy(),
+            "values": self.value_head(states),
+        }
+
+
+class FakeChainModel(FakeRLinfMLP):
+    extra_inputs = ("chains", "denoise_inds")
+
+
+class OneActionModel(FakeRLinfMLP):
+    """Like RLinf's MLP: one action per decision whatever num_action_chunks says."""
+
+    def __init__(self, cfg):
+        super().__init__(cfg)
+        self.net = torch.nn.Linear(int(cfg.obs_dim), self.a)
+        self.logstd = torch.nn.Parameter(torch.full((1, self.a), -0.5))
+        self.k = 1
+
+
+def get_model(cfg):
+    return {
+        "fake_mlp": FakeRLinfMLP,
+        "fake_chain": FakeChainModel,
+        "one_action": OneActionModel,
+    }.get(str(cfg.model_type), lambda _cfg: None)(cfg)

@@ -1,0 +1,151 @@
+"""RLinf's model registry behind ebrl's Policy (ebrl.policies.rlinf_policy).
+
+On a CPU fake with RLinf's model contract (tests/rlinf_fakes.py) everywhere; on RLinf's own
+``mlp_policy`` where RLinf is installed (``make test-rlinf``: .venv-rlinf).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+import torch
+
+from ebrl.config import ConfigError, validate
+from ebrl.policies.base import PolicySpec
+from ebrl.policies.rlinf_policy import RLinfPolicy
+from ebrl.types import Observation
+
+from .conftest import TINY, make_cfg
+
+FAKE = "tests.rlinf_fakes.get_model"
+SPEC = PolicySpec(obs_dim=4, action_dim=2, chunk_size=2)
+HAVE_RLINF = importlib.util.find_spec("rlinf") is not None
+
+
+def obs(b: int = 5) -> Observation:
+    torch.manual_seed(1)
+    return Observation(obs=torch.randn(b, 4), env_ids=torch.arange(b))
+
+
+def test_act_and_evaluate_agree_on_the_chunks_log_prob_and_value():
+    """PPO's first ratio is 1 only if the learner scores a chunk as the generator did."""
+    p = RLinfPolicy(SPEC, model_type="fake_mlp", registry=FAKE)
+    batch = obs()
+    chunk = p.act(batch)
+    assert chunk.actions.shape == (5, 2, 2) and chunk.logprob.shape == (5,)
+    ev = p.evaluate(batch.obs, chunk.actions)
+    torch.testing.assert_close(ev.logprob, chunk.logprob)
+    torch.testing.assert_close(ev.value, chunk.value)
+    assert ev.logprob.requires_grad and ev.entropy.shape == (5,)
+    # deterministic: the mean
+    a, b = p.act(batch, deterministic=True), p.act(batch, deterministic=True)
+    torch.testing.assert_close(a.actions, b.actions)
+
+
+def test_weights_round_trip_into_a_fresh_model():
+    src = RLinfPolicy(SPEC, model_type="fake_mlp", registry=FAKE)
+    with torch.no_grad():
+        for q in src.parameters():
+            q.add_(0.3)
+    dst = RLinfPolicy(SPEC, model_type="fake_mlp", registry=FAKE)
+    dst.set_weights(*src.get_weights())
+    assert dst.version == src.version
+    torch.testing.assert_close(
+        dst.act(obs(), deterministic=True).actions, src.act(obs(), deterministic=True).actions
+    )
+
+
+def test_models_it_cannot_train_yet_are_refused_by_name():
+    with pytest.raises(RuntimeError, match=r"needs \['chains', 'denoise_inds'\]"):
+        RLinfPolicy(SPEC, model_type="fake_chain", registry=FAKE)
+    with pytest.raises(RuntimeError, match=r"shape \(2, 1, 2\).*chunk_size"):
+        RLinfPolicy(SPEC, model_type="one_action", registry=FAKE)
+    with pytest.raises(RuntimeError, match="no model type 'nope'"):
+        RLinfPolicy(SPEC, model_type="nope", registry=FAKE)
+    if not HAVE_RLINF:
+        with pytest.raises(RuntimeError, match=r"RLinf is not importable.*make test-rlinf"):
+            RLinfPolicy(SPEC, model_type="mlp_policy")
+        with pytest.raises(ConfigError, match=r"policy=rlinf_mlp needs.*'rlinf'.*test-rlinf"):
+            validate(make_cfg(["policy=rlinf_mlp", "chunk_size=1"]))
+
+
+RUN = [
+    *(o for o in TINY if not o.startswith("policy.")),
+    "policy=rlinf_mlp",
+    "tracking.enabled=false",
+]
+
+
+def fake_run(scheduler: str) -> list[str]:
+    extra = ["scheduler.backend=inprocess"] if scheduler == "ebrl" else []
+    return [
+        *RUN,
+        "policy.model_type=fake_mlp",
+        f"policy.registry={FAKE}",
+        "policy.package=''",
+        f"scheduler={scheduler}",
+        *extra,
+    ]
+
+
+@pytest.mark.parametrize("scheduler", ["sync", "ebrl"])
+def test_ppo_trains_an_rlinf_model_under_sync_and_ebrl(scheduler, tmp_path):
+    from ebrl.stages.train import load_checkpoint
+    from ebrl.train import train
+
+    s = train(make_cfg(fake_run(scheduler), tmp_path))
+    assert s.status == "FINISHED" and s.iterations == 3
+    # the checkpoint holds the model's own state_dict; a fresh model loads it
+    ckpt = load_checkpoint(next((tmp_path / "run").rglob("*.pt")))
+    assert ckpt["version"] >= 1 and "model.net.weight" in ckpt["policy"]
+    fresh = RLinfPolicy(SPEC, model_type="fake_mlp", registry=FAKE)
+    before = fresh.model.net.weight.clone()
+    fresh.load_state_dict(ckpt["policy"])
+    assert not torch.equal(before, fresh.model.net.weight)
+
+
+def test_grpo_trains_an_rlinf_model_and_its_reference_kl_is_refused_by_name(tmp_path):
+    from ebrl.train import train
+
+    grpo = ["algo=grpo", "algo.cfg.group_size=2"]
+    s = train(make_cfg([*fake_run("sync"), *grpo], tmp_path))
+    assert s.status == "FINISHED" and s.iterations == 3
+    with pytest.raises(
+        ConfigError, match=r"kl_coef=0.1 with policy=rlinf_mlp.*set algo.cfg.kl_coef=0"
+    ):
+        validate(make_cfg([*fake_run("sync"), *grpo, "algo.cfg.kl_coef=0.1"]))
+
+
+needs_rlinf = pytest.mark.skipif(not HAVE_RLINF, reason="RLinf: make test-rlinf (.venv-rlinf)")
+
+
+@needs_rlinf
+def test_rlinfs_own_mlp_policy_acts_and_scores_alike():
+    spec = PolicySpec(obs_dim=4, action_dim=2, chunk_size=1)
+    p = RLinfPolicy(spec, model_type="mlp_policy", model_cfg={"add_value_head": True})
+    assert type(p.model).__name__ == "MLPPolicy"
+    batch = obs()
+    chunk = p.act(batch)
+    ev = p.evaluate(batch.obs, chunk.actions)
+    torch.testing.assert_close(ev.logprob, chunk.logprob)
+    torch.testing.assert_close(ev.value, chunk.value)
+
+
+@needs_rlinf
+@pytest.mark.parametrize("scheduler", ["sync", "ebrl"])
+def test_ppo_trains_rlinfs_own_mlp_policy(scheduler, tmp_path):
+    from ebrl.train import train
+
+    extra = ["scheduler.backend=inprocess"] if scheduler == "ebrl" else []
+    cfg = make_cfg(
+        [
+            *[o for o in RUN if o != "chunk_size=2"],
+            "chunk_size=1",
+            f"scheduler={scheduler}",
+            *extra,
+        ],
+        tmp_path,
+    )
+    s = train(cfg)
+    assert s.status == "FINISHED" and s.iterations == 3
