@@ -542,6 +542,30 @@ def profile_and_grid(
     return lines, rows, configs
 
 
+def profile_only(args: Any, pool: int, workload: list[str], out: Path) -> None:
+    """(a) alone: ``profile.json`` and ``profile.md`` (the table, the command, provenance)."""
+    print(f"(a) profiling gen and train on threads 1..{pool - 1} ...", flush=True)
+    p = profile_workload(workload, pool, args.repeats, out / "profile.json")
+    prov = provenance([], workload=" ".join(workload))
+    lines = [
+        f"# Offline profile: {' '.join(args.set) or 'the allocator workload'}",
+        "",
+        f"`{prov['command']}`; commit {prov['commit']}, {prov['machine']}, {prov['date']}",
+        "",
+        f"workload: `{' '.join(workload)}`; profiling took {p['seconds']:.1f} s",
+        "",
+        "| stage | threads | batch | decisions/s |",
+        "|---|---|---|---|",
+        *(
+            f"| {q.stage} | {q.share} | {q.batch_size} | {q.throughput:.1f} |"
+            for q in sorted(p["profile"].points, key=lambda q: (q.stage, q.batch_size, q.share))
+        ),
+    ]
+    (out / "profile.md").write_text("\n".join(lines) + "\n")
+    (out / "provenance.json").write_text(json.dumps(prov, indent=1) + "\n")
+    print("\n".join(lines), flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seeds", default="0,1,2")
@@ -585,6 +609,19 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="smoke version, nothing written")
     ap.add_argument("--no-slowdown", action="store_true", help="(a)-(c) only, no (d)")
     ap.add_argument(
+        "--profile-only",
+        action="store_true",
+        help="(a) only: the offline profile (profile.json, profile.md) of the workload with "
+        "--set's overrides, nothing trained (the planner's thread scaling of another policy)",
+    )
+    ap.add_argument(
+        "--set",
+        nargs="*",
+        default=[],
+        metavar="KEY=VALUE",
+        help="overrides over the workload's (policy=transformer_m simulator.env_id=PickCube-v1)",
+    )
+    ap.add_argument(
         "--reanalyse",
         metavar="DIR",
         help="run nothing: print (b)'s noise analysis and (d)'s tables from an earlier result "
@@ -611,12 +648,15 @@ def main() -> None:
     pool = args.pool or 2 * len(os.sched_getaffinity(0))
     if pool < 2:
         raise SystemExit(f"--pool {pool}: gen and train need at least one thread each")
-    workload = QUICK_WORKLOAD if args.quick else WORKLOAD
+    workload = [*(QUICK_WORKLOAD if args.quick else WORKLOAD), *args.set]
     slow_workload = QUICK_WORKLOAD if args.quick else SLOW_WORKLOAD
     args.extra = ["scheduler.backend=inprocess"] if args.quick else []
     out = Path(tempfile.mkdtemp(prefix="bench-alloc-")) if args.quick else Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     t_all = time.time()
+    if args.profile_only:
+        profile_only(args, pool, workload, out)
+        return
 
     even = pool // 2
     static = split(even, pool - even)
