@@ -442,8 +442,12 @@ def plan_one(
         chosen, ranked = choose(
             s.costs, s.work, s.shapes, layout=s.layout, seeds=seeds, updates=updates, warmup=warmup
         )
-    plays = [play(s.costs, s.work, chosen, s.layout, updates, warmup, sd) for sd in seeds]
-    pred = mean_prediction([p.prediction for p in plays])
+    searched = next((p for p in ranked if p.shape == chosen), None)
+    if searched is not None and not keep:  # the search played it already, with these seeds
+        plays, pred = [], searched
+    else:
+        plays = [play(s.costs, s.work, chosen, s.layout, updates, warmup, sd) for sd in seeds]
+        pred = mean_prediction([p.prediction for p in plays])
     row = PlanRow(
         name,
         chosen,
