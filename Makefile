@@ -9,7 +9,7 @@ export VK_ICD_FILENAMES ?= $(abspath $(VULKAN))
 export PYTHONUNBUFFERED := 1
 SEEDS ?= 0,1,2
 
-.PHONY: help setup setup-libero run train test test-slow test-faults test-rliable test-gpu test-rlinf test-slurm lint format bench-sim bench-learn learn-report late-eval bench-sched bench-alloc bench-soak clean
+.PHONY: help setup setup-libero run train test test-slow test-faults test-rliable test-gpu test-rlinf test-slurm lint format bench-sim bench-learn learn-report late-eval bench-sched bench-alloc bench-soak table-libero clean
 
 help:
 	@echo "make run        set up, then the main job: EBRL vs Colocated/Hybrid/Async, 3 seeds (~10 min)"
@@ -27,6 +27,7 @@ help:
 	@echo "make bench-learn  PPO/GRPO learning curves on PushCube-v1 (SEEDS=$(SEEDS))"
 	@echo "make bench-alloc  elastic allocator: profile, chosen vs every split, vs even, slowed simulator and learner, each against a frozen twin (~80 min)"
 	@echo "make bench-soak  a 30-min EBRL run, RSS / fds / shared memory sampled every minute"
+	@echo "make table-libero the five schedulers on LIBERO-Object (state, transformer L, K=8), 3 seeds (~50 min)"
 	@echo "make lint       ruff check + format check"
 	@echo "make table-headline|fig-scaling|fig-convergence|fig-staleness|table-ablation|table-grpo [SIZE=cpu|full]"
 	@echo "               run a paper table/figure (CPU size here; SIZE=full: Slurm); see REPRODUCE.md"
@@ -184,6 +185,14 @@ bench-sched: setup
 
 bench-alloc: setup
 	$(PY) benchmarks/allocator.py --seeds $(SEEDS)
+
+# The headline comparison on LIBERO-Object (issue 17): state observations, the transformer L,
+# chunks of 8 (OpenVLA-OFT's), 16 envs, the five schedulers, 3 seeds, one run at a time (~50 min)
+LIBERO_OUT ?= results/libero-object-cpu
+table-libero: setup setup-libero
+	$(PY) benchmarks/scheduler_throughput.py --workload libero_object \
+	  --configs sync,colocated,hybrid,async,ebrl --seeds 0,1,2 --iterations 10 \
+	  --experiment libero-object-cpu --out $(LIBERO_OUT)
 
 # A long EBRL run on the embedded default with its memory, file descriptors and shared memory
 # sampled every minute (benchmarks/soak.py); SOAK_MINUTES of training.
