@@ -144,11 +144,36 @@ class RLinfSim:
     action_high: float = 1.0
     #: another get_env_cls (a dotted path; the tests' CPU fake); None: RLinf's
     registry: str | None = None
+    #: one RLinf instance steps all of an env worker's envs together (RLinf's GPU ManiSkill):
+    #: whole-worker chunks only, so no env-group pipelining and no step level
+    vectorized: bool = False
     #: the package it needs (import name), and how to get it
     package: str = "rlinf"
     install: str = (
         "RLinf runs in its own venv: `make test-rlinf` builds .venv-rlinf (pip install -e "
         "'.[rlinf]'); run ebrl from that interpreter"
+    )
+
+
+def check_vectorized(run: Any) -> None:
+    """A vectorised simulator steps a worker's envs together: the schedule must hand it
+    whole-worker chunks (sync, Colocated, Async; EBRL with one group in lock step)."""
+    from ebrl.schedulers.ebrl import EBRLScheduler
+
+    sch = run.scheduler
+    name = getattr(class_of(sch), "__name__", "")
+    fix = "scheduler.pipeline=false scheduler.step_level=false"
+    if class_of(sch) is EBRLScheduler:
+        _check(
+            sch.pipeline is False and sch.step_level is False,
+            f"simulator.vectorized=true steps all of an env worker's envs in one call, so EBRL "
+            f"cannot pipeline env groups or step one env at a time: set {fix}",
+        )
+    _check(
+        name != "HybridScheduler",
+        "simulator.vectorized=true steps all of an env worker's envs in one call; Hybrid "
+        "pipelines two env groups inside each worker: use scheduler=async, colocated or sync, "
+        f"or scheduler=ebrl {fix}",
     )
 
 
@@ -1251,6 +1276,8 @@ def validate(cfg: DictConfig, machine: MachineFacts | None = None) -> RunConfig:
             run.simulator.max_episode_steps >= 1,
             f"simulator.max_episode_steps={run.simulator.max_episode_steps}: must be >= 1",
         )
+        if run.simulator.vectorized:
+            check_vectorized(run)
     check_machine(run, machine if machine is not None else local_machine())
     check_issue6_values(run)
     return run

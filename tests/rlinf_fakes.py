@@ -16,40 +16,48 @@ OBS_DIM, ACTION_DIM = 3, 2
 
 
 class FakeRLinfEnv:
+    """Vectorised like RLinf's envs: ``num_envs`` envs in one instance; env i's episodes last
+    ``episode_len + i % 2`` steps (so envs of one chunk end at different steps); ``reset``
+    with ``options["env_idx"]`` resets those envs only, one seed each."""
+
     def __init__(self, cfg, num_envs, seed_offset, total_num_processes, worker_info):
         self.cfg, self.num_envs = cfg, num_envs
         self.seed = int(cfg.seed) + seed_offset
         self.auto_reset = cfg.auto_reset
-        self.episode_len = int(cfg.episode_len)
-        self.resets: list[int] = []
+        self.lengths = torch.tensor([int(cfg.episode_len) + i % 2 for i in range(num_envs)])
+        self.resets: list[tuple[list[int], list[int]]] = []  # (envs, seeds) of each reset
+        self.steps = 0  # step() calls
         self.closed = False
-        self._t = 0
-        self._start = 0.0
+        self._t = torch.zeros(num_envs, dtype=torch.int64)
+        self._start = torch.zeros(num_envs)
         self._sum = torch.zeros(num_envs)
 
     def _obs(self):
-        states = torch.tensor([[self._start, float(self._t), float(self._sum[0])]])
-        return {"states": states.repeat(self.num_envs, 1), "task_descriptions": ["push"]}
+        states = torch.stack([self._start, self._t.float(), self._sum], dim=1)
+        return {"states": states, "task_descriptions": ["push"] * self.num_envs}
 
     def reset(self, *, seed=None, options=None):
         if options is None:  # as RLinf's ManiSkill env: no options, its own seed
             seed = self.seed
-        self.resets.append(int(seed))
-        self._t, self._sum = 0, torch.zeros(self.num_envs)
-        self._start = float(seed % 1000)
+        idx = options.get("env_idx") if options else None
+        rows = list(range(self.num_envs)) if idx is None else [int(i) for i in idx]
+        seeds = list(seed) if isinstance(seed, list) else [int(seed)] * len(rows)
+        assert len(seeds) == len(rows), (seeds, rows)
+        self.resets.append((rows, seeds))
+        for r, sd in zip(rows, seeds, strict=True):
+            self._t[r], self._sum[r], self._start[r] = 0, 0.0, float(sd % 1000)
         return self._obs(), {}
 
     def step(self, actions=None, auto_reset=True):
         assert actions.shape == (self.num_envs, ACTION_DIM), actions.shape
         assert not auto_reset, "ebrl resets each env itself"
+        self.steps += 1
         self._t += 1
         self._sum += actions.sum(dim=1)
-        done = self._t >= self.episode_len
-        term = torch.full((self.num_envs,), done)
+        term = self._t >= self.lengths
         trunc = torch.zeros(self.num_envs, dtype=torch.bool)
         success = term & (self._sum > 0)
-        reward = success.float()
-        return self._obs(), reward, term, trunc, {"success": success}
+        return self._obs(), success.float(), term, trunc, {"success": success}
 
     def close(self):
         self.closed = True

@@ -48,7 +48,7 @@ def test_an_rlinf_env_resets_with_ebrls_seed_and_ends_its_episode_inside_a_chunk
     # RLinf's class was built with one env, auto-reset off, and reset with ebrl's seeds
     built = [e.env for e in envs]
     assert all(b.num_envs == 1 and b.auto_reset is False for b in built)
-    assert [b.resets[-1] for b in built] == [reset_seed(7, 0, 0), reset_seed(7, 1, 0)]
+    assert [b.resets[-1][1] for b in built] == [[reset_seed(7, 0, 0)], [reset_seed(7, 1, 0)]]
     # a chunk of 4 into 3-step episodes: env 0 pushes positive (success), env 1 negative
     acts = np.stack([np.ones((4, 2)), -np.ones((4, 2))])
     out = group.step_chunk(chunk([0, 1], acts))
@@ -58,7 +58,7 @@ def test_an_rlinf_env_resets_with_ebrls_seed_and_ends_its_episode_inside_a_chunk
     assert out.reward[:, :3].sum(dim=1).tolist() == [1.0, 0.0]
     # the next episode starts from ebrl's next seed
     group.step_chunk(chunk([0], np.zeros((1, 1, 2))))
-    assert built[0].resets[-1] == reset_seed(7, 0, 1)
+    assert built[0].resets[-1][1] == [reset_seed(7, 0, 1)]
 
 
 def test_actions_are_clipped_to_the_box_and_the_time_limit_is_ebrls_too():
@@ -155,3 +155,109 @@ def test_a_run_no_longer_than_its_warm_up_reports_its_overall_rate(tmp_path):
     s = train(cfg)
     assert s.iterations == 1 and s.throughput_overall > 0
     assert s.throughput_e2e == pytest.approx(s.throughput_overall)
+
+
+# --- vectorised: one RLinf instance for a worker's envs (RLinf's GPU envs) ---------------------
+def vec_group(ids=(0, 1, 2), **kw):
+    from ebrl.envs.rlinf_env import RLinfVecEnvGroup
+
+    args = dict(env_type="fake", env_cfg=FAKE_CFG, max_episode_steps=50, action_dim=2)
+    return RLinfVecEnvGroup(env_ids=list(ids), seed=7, registry=FAKE, **{**args, **kw})
+
+
+def test_a_vectorised_instance_steps_its_envs_together_and_each_ends_where_it_ends():
+    g = vec_group()
+    inst = g.env
+    assert inst.num_envs == 3 and inst.auto_reset is False
+    assert inst.resets[-1] == ([0, 1, 2], [reset_seed(7, e, 0) for e in (0, 1, 2)])
+    obs = g.reset()
+    assert obs.shape == (3, rlinf_fakes.OBS_DIM)
+    # env 0 and 2 end after 3 steps, env 1 after 4 (episode_len + i % 2); chunks of 4
+    acts = np.stack([np.ones((4, 2)), -np.ones((4, 2)), np.ones((4, 2))])
+    out = g.step_chunk(chunk([0, 1, 2], acts))
+    assert inst.steps == 4  # one call per action, for every env
+    assert out.n_steps.tolist() == [3, 4, 3]  # each stops where its episode ended
+    assert out.terminated.tolist() == [True, True, True]
+    assert out.success.tolist() == [True, False, True]
+    assert out.reward[0, 3] == 0 and out.reward[:, :3].sum().item() == 2.0  # nothing after the end
+    # the ended envs were reset together, each with ebrl's seed for its next episode
+    assert inst.resets[-1] == ([0, 1, 2], [reset_seed(7, e, 1) for e in (0, 1, 2)])
+    assert g.episode_id.tolist() == [1, 1, 1]
+    np.testing.assert_allclose(out.next_obs[:, 1].numpy(), 0.0)  # fresh episodes
+    assert set(g.step_latency()) == {0, 1, 2}
+
+
+def test_a_vectorised_instance_resets_only_the_envs_that_ended():
+    g = vec_group(env_cfg={**FAKE_CFG, "episode_len": 2})  # env 0 ends at 2 steps, env 1 at 3
+    g.reset()
+    out = g.step_chunk(chunk([0, 1, 2], np.zeros((3, 2, 2))))
+    assert out.n_steps.tolist() == [2, 2, 2] and out.done.tolist() == [True, False, True]
+    assert g.env.resets[-1][0] == [0, 2]  # env 1 goes on
+    assert g.episode_step.tolist() == [0, 2, 0]
+
+
+def test_a_vectorised_instance_refuses_partial_chunks_and_the_step_level_by_name():
+    g = vec_group()
+    g.reset()
+    with pytest.raises(RuntimeError, match=r"every env of the worker \(3\).*pipeline=false"):
+        g.step_chunk(chunk([0, 1], np.zeros((2, 2, 2))))
+    with pytest.raises(RuntimeError, match="step_level=false"):
+        g.step_one(0, np.zeros((2, 2), np.float32))
+
+
+VEC_RUN = [*FAKE_RUN, "simulator.vectorized=true"]
+
+
+def test_validate_asks_for_whole_worker_chunks_with_a_vectorised_simulator():
+    with pytest.raises(
+        ConfigError, match=r"set scheduler.pipeline=false scheduler.step_level=false"
+    ):
+        validate(make_cfg([*VEC_RUN, "scheduler=ebrl"]))
+    with pytest.raises(ConfigError, match="Hybrid pipelines two env groups"):
+        validate(make_cfg([*VEC_RUN, "scheduler=hybrid"]))
+    validate(
+        make_cfg(
+            [*VEC_RUN, "scheduler=ebrl", "scheduler.pipeline=false", "scheduler.step_level=false"]
+        )
+    )
+
+
+@pytest.mark.parametrize("scheduler", ["sync", "ebrl"])
+def test_a_run_trains_on_a_vectorised_rlinf_env(scheduler, tmp_path):
+    from ebrl.train import train
+
+    extra = {
+        "sync": [],
+        "ebrl": [
+            "scheduler.backend=inprocess",
+            "scheduler.pipeline=false",
+            "scheduler.step_level=false",
+        ],
+    }[scheduler]
+    s = train(make_cfg([*VEC_RUN, f"scheduler={scheduler}", *extra], tmp_path))
+    assert s.status == "FINISHED" and s.iterations == 3
+    assert s.env_steps > 0
+
+
+@needs_rlinf
+def test_rlinfs_own_maniskill_env_as_a_vectorised_group_of_one():
+    """The vectorised path on RLinf's real ManiSkill env (CPU physics holds one env per
+    instance, so N = 1 here; on a GPU the same code steps N envs per call)."""
+    from omegaconf import OmegaConf
+
+    from ebrl.envs.base import EnvGroup
+    from ebrl.envs.maniskill import ManiSkillEnv
+    from ebrl.envs.rlinf_env import RLinfVecEnvGroup
+
+    node = OmegaConf.to_container(make_cfg(["simulator=rlinf_maniskill"]).simulator, resolve=True)
+    node.pop("_target_")
+    node.pop("vectorized")
+    theirs = RLinfVecEnvGroup(env_ids=[0], seed=3, **node)
+    ours = EnvGroup([ManiSkillEnv(task="PushCube-v1", max_episode_steps=50)], [0], seed=3)
+    np.testing.assert_allclose(theirs.reset().numpy(), ours.reset().numpy(), atol=1e-6)
+    acts = np.random.default_rng(0).uniform(-1, 1, (1, 4, 8))
+    x, y = theirs.step_chunk(chunk([0], acts)), ours.step_chunk(chunk([0], acts))
+    np.testing.assert_allclose(x.next_obs.numpy(), y.next_obs.numpy(), atol=1e-5)
+    np.testing.assert_allclose(x.reward.numpy(), y.reward.numpy(), atol=1e-5)
+    theirs.close()
+    ours.close()

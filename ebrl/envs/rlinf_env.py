@@ -27,6 +27,7 @@ that returns a CPU fake with RLinf's contract.
 from __future__ import annotations
 
 import inspect
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -215,3 +216,237 @@ class RLinfEnv:
             if callable(close):
                 close()
                 return
+
+
+class RLinfVecEnvGroup:
+    """The envs of one env worker as ONE vectorised RLinf instance (``num_envs = len(env_ids)``):
+    RLinf's GPU ManiSkill and the other envs whose class steps many envs in one call.
+
+    It has :class:`~ebrl.envs.base.EnvGroup`'s surface (``reset``, ``observe``, ``step_chunk``,
+    ``step_latency``, ``close``, ``spec``, ``env_ids``, ``sim_seconds``) with one constraint a
+    vectorised simulator imposes: a chunk steps every env of the group together, so
+    ``step_chunk`` takes chunks for all of them and ``step_one`` (EBRL's step level) is refused.
+    Each of the K actions is one ``step(actions [N, A], auto_reset=False)``; an env whose episode
+    ends inside the chunk keeps receiving the rest of its chunk (the instance cannot pause one
+    env), but those steps are neither counted nor returned: its outcome stops at the step its
+    episode ended, as in an ``EnvGroup``. The envs that ended are reset together at the chunk's
+    end (``reset(seed=[...], options={"env_idx": ...})``, each with ebrl's seed for its next
+    episode).
+
+    Args:
+        env_ids: the global ids of this worker's envs (the instance's envs, in order).
+        seed, reset_group_size, stream: as :class:`~ebrl.envs.base.EnvGroup`'s.
+        everything else: as :class:`RLinfEnv`'s.
+    """
+
+    def __init__(
+        self,
+        *,
+        env_ids: list[int],
+        seed: int,
+        env_type: str,
+        env_cfg: Mapping[str, Any],
+        max_episode_steps: int,
+        reset_group_size: int = 1,
+        stream: int = 0,
+        obs_key: str = "states",
+        action_dim: int | None = None,
+        action_low: float = -1.0,
+        action_high: float = 1.0,
+        registry: str | GetEnvCls | None = None,
+        **_node: Any,
+    ) -> None:
+        import torch
+        from omegaconf import OmegaConf
+
+        from ebrl.envs.base import LATENCY_WINDOW
+
+        if not env_ids:
+            raise ValueError("RLinfVecEnvGroup: need at least one env id")
+        get_env_cls = rlinf_registry(registry)
+        cfg = OmegaConf.create(
+            OmegaConf.to_container(env_cfg, resolve=True)
+            if OmegaConf.is_config(env_cfg)
+            else dict(env_cfg)
+        )
+        cfg.auto_reset = False
+        n = len(env_ids)
+        if "init_params" in cfg:
+            cfg.init_params.num_envs = n
+        if env_type == "maniskill":
+            from ebrl.envs.vulkan import ensure_vulkan
+
+            ensure_vulkan()
+        try:
+            cls = get_env_cls(env_type, cfg)
+        except ImportError as e:
+            raise RuntimeError(
+                f"RLinf env type {env_type!r} needs a package this interpreter cannot import "
+                f"({e}); install the simulator in the venv that runs RLinf"
+            ) from e
+        self.env = cls(cfg, n, int(env_ids[0]), 1, None)
+        self.env_type, self.obs_key = env_type, obs_key
+        self.env_ids = torch.as_tensor(env_ids, dtype=torch.int64)
+        self._local = {int(g): i for i, g in enumerate(env_ids)}
+        self.seed, self.stream = seed, stream
+        self.reset_group_size = max(1, reset_group_size)
+        self.max_episode_steps = int(max_episode_steps)
+        self.low, self.high = np.float32(action_low), np.float32(action_high)
+        self.episode_id = np.zeros(n, dtype=np.int64)
+        self.episode_step = np.zeros(n, dtype=np.int64)
+        self.sim_seconds = 0.0
+        self._lat = np.zeros(LATENCY_WINDOW, dtype=np.float64)  # one instance: one latency
+        self._lat_steps = 0
+        self._obs = self._states(self._reset_rows(np.arange(n)), n)
+        one = RLinfEnv.__new__(RLinfEnv)  # its action-space lookup, on this instance
+        one.env, one.env_type = self.env, env_type
+        adim = action_dim if action_dim is not None else one._action_dim()
+        self.spec = EnvSpec(
+            obs_dim=int(self._obs.shape[1]),
+            action_dim=int(adim),
+            max_episode_steps=self.max_episode_steps,
+            action_low=float(action_low),
+            action_high=float(action_high),
+        )
+
+    def __len__(self) -> int:
+        return int(self.env_ids.shape[0])
+
+    def _states(self, obs: Any, n: int) -> np.ndarray:  # -> [n, O]
+        if not isinstance(obs, Mapping) or self.obs_key not in obs:
+            have = sorted(obs) if isinstance(obs, Mapping) else type(obs).__name__
+            raise KeyError(
+                f"RLinf env type {self.env_type!r}: its observation has no {self.obs_key!r} "
+                f"entry (it has {have}); set the simulator's obs_key"
+            )
+        x = obs[self.obs_key]
+        arr = x.detach().cpu().numpy() if hasattr(x, "detach") else np.asarray(x)
+        return np.array(arr.reshape(n, -1), dtype=np.float32, copy=True)
+
+    def _seeds(self, rows: np.ndarray) -> list[int]:
+        from ebrl.envs.base import reset_seed
+
+        return [
+            reset_seed(
+                self.seed,
+                int(self.env_ids[i]) // self.reset_group_size,
+                int(self.episode_id[i]),
+                self.stream,
+            )
+            for i in rows
+        ]
+
+    def _reset_rows(self, rows: np.ndarray) -> Any:
+        """Reset ``rows`` (all of them: a fresh start) with ebrl's seeds; the observation of
+        every env of the instance."""
+        import torch
+
+        options: dict[str, Any] = {}
+        if len(rows) < len(self):
+            options["env_idx"] = torch.as_tensor(rows, dtype=torch.int64)
+        obs, _ = self.env.reset(seed=self._seeds(rows), options=options)
+        return obs
+
+    def reset(self):
+        import torch
+
+        t0 = time.perf_counter()
+        self.episode_id[:] = 0
+        self.episode_step[:] = 0
+        self._obs = self._states(self._reset_rows(np.arange(len(self))), len(self))
+        self.sim_seconds += time.perf_counter() - t0
+        return torch.from_numpy(self._obs.copy())
+
+    def observe(self, env_ids=None):
+        import torch
+
+        idx = np.arange(len(self)) if env_ids is None else [self._local[int(g)] for g in env_ids]
+        return torch.from_numpy(self._obs[idx].copy())
+
+    def step_one(self, env_id: int, actions: np.ndarray):
+        raise RuntimeError(
+            f"simulator: RLinf env type {self.env_type!r} is vectorised (one instance steps all "
+            f"{len(self)} envs of a worker together): EBRL's step level cannot step one env; "
+            "set scheduler.step_level=false (and scheduler.pipeline=false)"
+        )
+
+    def step_chunk(self, chunk):
+        import torch
+
+        from ebrl.envs.base import LATENCY_WINDOW, _Outcome
+
+        ids = [int(g) for g in chunk.env_ids]
+        if ids != [int(g) for g in self.env_ids]:
+            raise RuntimeError(
+                f"simulator: RLinf env type {self.env_type!r} is vectorised: a chunk must step "
+                f"every env of the worker ({len(self)}) together, got {len(ids)} of them "
+                "(env-group pipelining or the step level): set scheduler.pipeline=false and "
+                "scheduler.step_level=false"
+            )
+        actions = np.clip(chunk.actions.detach().cpu().numpy(), self.low, self.high)
+        n, k, _ = actions.shape
+        out = _Outcome.empty(n, k, self.spec.obs_dim)
+        out.episode_id[:] = self.episode_id
+        out.episode_step[:] = self.episode_step
+        live = np.ones(n, dtype=bool)
+        t0 = time.perf_counter()
+        for j in range(k):
+            ts = time.perf_counter()
+            obs, reward, term, trunc, infos = self.env.step(
+                torch.from_numpy(np.ascontiguousarray(actions[:, j])), auto_reset=False
+            )
+            self._lat[self._lat_steps % LATENCY_WINDOW] = time.perf_counter() - ts
+            self._lat_steps += 1
+            states = self._states(obs, n)
+            r = _as_np(reward, n, np.float32)
+            te, tr = _as_np(term, n, bool), _as_np(trunc, n, bool)
+            su = _as_np(
+                infos.get("success", False) if isinstance(infos, Mapping) else False, n, bool
+            )
+            steps = self.episode_step + out.n_steps + 1
+            tr = tr | (steps >= self.max_episode_steps)
+            out.reward[live, j] = r[live]
+            out.success[live] |= su[live]
+            out.final_obs[live] = states[live]
+            ended = live & (te | tr)
+            out.terminated[ended] = te[ended]
+            out.truncated[ended] = tr[ended] & ~te[ended]
+            out.n_steps[live] += 1
+            live &= ~ended
+            if not live.any():
+                break
+        done = out.terminated | out.truncated
+        self.episode_step += out.n_steps
+        nxt = out.final_obs.copy()
+        if done.any():
+            rows = np.flatnonzero(done)
+            self.episode_id[rows] += 1
+            self.episode_step[rows] = 0
+            nxt[rows] = self._states(self._reset_rows(rows), n)[rows]
+        self._obs = nxt
+        out.next_obs[:] = nxt
+        self.sim_seconds += time.perf_counter() - t0
+        return out.to_outcome(chunk.env_ids)
+
+    def step_latency(self) -> dict[int, tuple[float, float, int]]:
+        """One instance steps every env at once: each env reports the instance's latency."""
+        if not self._lat_steps:
+            return {}
+        lat = self._lat[: min(self._lat_steps, len(self._lat))]
+        p50, p99 = np.percentile(lat, (50, 99))
+        return {int(g): (float(p50), float(p99), int(self._lat_steps)) for g in self.env_ids}
+
+    def close(self) -> None:
+        for owner in (self.env, getattr(self.env, "env", None)):
+            close = getattr(owner, "close", None)
+            if callable(close):
+                close()
+                return
+
+
+def _as_np(x: Any, n: int, dtype: Any) -> np.ndarray:
+    """A batched value (tensor, array, list or scalar) as an ``[n]`` array of ``dtype``."""
+    if hasattr(x, "detach"):
+        x = x.detach().cpu().numpy()
+    arr = np.asarray(x, dtype=dtype).reshape(-1)
+    return np.broadcast_to(arr, (n,)).copy() if arr.size == 1 else arr[:n].copy()

@@ -80,12 +80,26 @@ class StageFactory:
         worker (its resets draw from a stream of their own, not its predecessor's again)."""
         # GRPO's groups share initial states: reset them with common seeds
         reset_group = int(self.cfg["algo"]["cfg"].get("group_size", 1))
+        stream = self.start_version + (incarnation << 32)
+        sim = self.cfg["simulator"]
+        if sim.get("vectorized"):  # one instance steps all of this worker's envs (RLinf's GPU envs)
+            from ebrl.envs.rlinf_env import RLinfVecEnvGroup
+
+            node = {k: v for k, v in sim.items() if k not in ("_target_", "vectorized")}
+            vec = RLinfVecEnvGroup(
+                env_ids=list(env_ids),
+                seed=int(self.cfg["seed"]),
+                reset_group_size=reset_group,
+                stream=stream,
+                **node,
+            )
+            return SimStage(vec)  # type: ignore[arg-type]  (EnvGroup's surface)
         group = EnvGroup(
             [self.make_env(i) for i in env_ids],
             env_ids,
             seed=int(self.cfg["seed"]),
             reset_group_size=reset_group,
-            stream=self.start_version + (incarnation << 32),
+            stream=stream,
         )
         return SimStage(group)
 
