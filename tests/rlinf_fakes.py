@@ -41,11 +41,12 @@ class FakeRLinfEnv:
             seed = self.seed
         idx = options.get("env_idx") if options else None
         rows = list(range(self.num_envs)) if idx is None else [int(i) for i in idx]
-        seeds = list(seed) if isinstance(seed, list) else [int(seed)] * len(rows)
-        assert len(seeds) == len(rows), (seeds, rows)
-        self.resets.append((rows, seeds))
-        for r, sd in zip(rows, seeds, strict=True):
-            self._t[r], self._sum[r], self._start[r] = 0, 0.0, float(sd % 1000)
+        # as ManiSkill: a seed list has one seed per env of the instance, even for a partial reset
+        seeds = list(seed) if isinstance(seed, list) else [int(seed)] * self.num_envs
+        assert len(seeds) == self.num_envs, (seeds, self.num_envs)
+        self.resets.append((rows, [seeds[r] for r in rows]))
+        for r in rows:
+            self._t[r], self._sum[r], self._start[r] = 0, 0.0, float(seeds[r] % 1000)
         return self._obs(), {}
 
     def step(self, actions=None, auto_reset=True):

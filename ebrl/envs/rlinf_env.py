@@ -231,7 +231,7 @@ class RLinfVecEnvGroup:
     env), but those steps are neither counted nor returned: its outcome stops at the step its
     episode ended, as in an ``EnvGroup``. The envs that ended are reset together at the chunk's
     end (``reset(seed=[...], options={"env_idx": ...})``, each with ebrl's seed for its next
-    episode).
+    episode; the seed list covers every env of the instance, as ManiSkill expects).
 
     Args:
         env_ids: the global ids of this worker's envs (the instance's envs, in order).
@@ -297,6 +297,7 @@ class RLinfVecEnvGroup:
         self.sim_seconds = 0.0
         self._lat = np.zeros(LATENCY_WINDOW, dtype=np.float64)  # one instance: one latency
         self._lat_steps = 0
+        self._seed_now = np.zeros(n, dtype=np.int64)  # each env's current episode seed
         self._obs = self._states(self._reset_rows(np.arange(n)), n)
         one = RLinfEnv.__new__(RLinfEnv)  # its action-space lookup, on this instance
         one.env, one.env_type = self.env, env_type
@@ -338,13 +339,16 @@ class RLinfVecEnvGroup:
 
     def _reset_rows(self, rows: np.ndarray) -> Any:
         """Reset ``rows`` (all of them: a fresh start) with ebrl's seeds; the observation of
-        every env of the instance."""
+        every env of the instance. The seed list always has one seed per env of the instance
+        (the others keep their episode's): ManiSkill replaces its whole per-env seed array
+        with it, also on a partial reset (``options["env_idx"]``)."""
         import torch
 
+        self._seed_now[rows] = self._seeds(rows)
         options: dict[str, Any] = {}
         if len(rows) < len(self):
             options["env_idx"] = torch.as_tensor(rows, dtype=torch.int64)
-        obs, _ = self.env.reset(seed=self._seeds(rows), options=options)
+        obs, _ = self.env.reset(seed=[int(x) for x in self._seed_now], options=options)
         return obs
 
     def reset(self):
