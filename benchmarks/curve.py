@@ -3,8 +3,8 @@
 Reads ``<run>/metrics.csv`` (one row per update: ``env/return``, ``env/success_rate`` over the
 update's finished training episodes, ``env/steps_total``) and ``<run>/summary.json``; writes
 ``curve.png`` (both curves, with a rolling mean over ``--window`` updates) and ``curve.md`` (the
-run's provenance, a table of every ``--every``-th update, and the first and last fifths' means)
-into ``--out``. Nothing is run.
+run's provenance, a table of every ``--every``-th update that finished an episode, and the first
+and last fifths' means) into ``--out``. Nothing is run.
 
     python benchmarks/curve.py <run folder> --out <folder> [--title "..."]
 """
@@ -73,7 +73,8 @@ def main(argv: list[str] | None = None) -> int:
 
     r0, r1 = fifths(df, "env/return")
     s0, s1 = fifths(df, "env/success_rate")
-    rows = df.iloc[:: max(1, args.every)]
+    done = df.dropna(subset=["env/return"])  # updates in which some episode finished
+    rows = done.iloc[:: max(1, args.every)]
     lines = [
         f"# {args.title or 'Learning curve'}",
         "",
@@ -85,7 +86,8 @@ def main(argv: list[str] | None = None) -> int:
         f"status {summary.get('status')}",
         "",
         f"First fifth of the updates against the last: return {r0:.3f} -> {r1:.3f}, "
-        f"success rate {s0:.3f} -> {s1:.3f} (training episodes, stochastic policy).",
+        f"success rate {s0:.3f} -> {s1:.3f} (training episodes, stochastic policy); "
+        f"{len(done)} of {len(df)} updates finished an episode.",
         "",
         "| update | env steps | return | success rate | episode length |",
         "|---:|---:|---:|---:|---:|",
