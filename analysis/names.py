@@ -40,6 +40,7 @@ POLICIES = {
     "gr00t": "GR00T N1.5",
     "openvla_oft": "OpenVLA-OFT",
     "dreamzero": "DreamZero",
+    "rlinf_mlp": "RLinf MLP",
 }
 #: simulator config option -> the paper's name
 SIMULATORS = {
@@ -50,6 +51,7 @@ SIMULATORS = {
     "libero": "LIBERO",
     "robocasa": "RoboCasa",
     "behavior": "BEHAVIOR-1K",
+    "rlinf_maniskill": "ManiSkill (RLinf's env)",
 }
 #: a simulator's task (``simulator.task``) -> its name: runs of two tasks must never share a name,
 #: or a table would pool them into one configuration
