@@ -449,6 +449,18 @@ def slowdown_table(drows: list[dict], args: Any, stage: str = "sim") -> list[str
     return lines
 
 
+def profile_table(points: Any) -> list[str]:
+    """The offline profile's points as a markdown table, by stage, batch and threads."""
+    return [
+        "| stage | threads | batch | decisions/s |",
+        "|---|---|---|---|",
+        *(
+            f"| {q.stage} | {q.share} | {q.batch_size} | {q.throughput:.1f} |"
+            for q in sorted(points, key=lambda q: (q.stage, q.batch_size, q.share))
+        ),
+    ]
+
+
 def profile_and_grid(
     args: Any,
     seeds: list[int],
@@ -472,11 +484,8 @@ def profile_and_grid(
         f"train {p['profile'].duration_s.get('train', 0):.1f} s, "
         f"sim {p['profile'].duration_s.get('sim', 0):.1f} s)",
         "",
-        "| stage | threads | batch | decisions/s |",
-        "|---|---|---|---|",
+        *profile_table(p["profile"].points),
     ]
-    for pt in sorted(p["profile"].points, key=lambda q: (q.stage, q.batch_size, q.share)):
-        lines.append(f"| {pt.stage} | {pt.share} | {pt.batch_size} | {pt.throughput:.1f} |")
     lines += [
         "",
         f"simulators: {p['sim_workers']} workers x one worker's rate = {p['sim_rate']:.1f} "
@@ -554,12 +563,7 @@ def profile_only(args: Any, pool: int, workload: list[str], out: Path) -> None:
         "",
         f"workload: `{' '.join(workload)}`; profiling took {p['seconds']:.1f} s",
         "",
-        "| stage | threads | batch | decisions/s |",
-        "|---|---|---|---|",
-        *(
-            f"| {q.stage} | {q.share} | {q.batch_size} | {q.throughput:.1f} |"
-            for q in sorted(p["profile"].points, key=lambda q: (q.stage, q.batch_size, q.share))
-        ),
+        *profile_table(p["profile"].points),
     ]
     (out / "profile.md").write_text("\n".join(lines) + "\n")
     (out / "provenance.json").write_text(json.dumps(prov, indent=1) + "\n")

@@ -807,8 +807,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = ap.parse_args(argv)
     seeds = [int(x) for x in args.seeds.split(",")]
     t0 = time.perf_counter()
-    ref = thread_ref()
     refs = {k: thread_ref(f) for k, f in THREAD_REFS.items()}
+    ref = refs["L"]  # THREAD_REF's: the allocator campaign's own policy
     gs = groups(ref, refs)
     cores: dict[str, float] = {}
     for day in FITS:

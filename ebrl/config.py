@@ -121,6 +121,13 @@ def check_libero(sim: LiberoSim) -> None:
     )
 
 
+#: how to get RLinf, for the nodes that build through its registries
+RLINF_INSTALL = (
+    "RLinf runs in its own venv: `make test-rlinf` builds .venv-rlinf (pip install -e "
+    "'.[rlinf]'); run ebrl from that interpreter"
+)
+
+
 @dataclass
 class RLinfSim:
     """An env of RLinf's env registry, built by RLinf's own class (``ebrl.envs.rlinf_env``).
@@ -149,10 +156,7 @@ class RLinfSim:
     vectorized: bool = False
     #: the package it needs (import name), and how to get it
     package: str = "rlinf"
-    install: str = (
-        "RLinf runs in its own venv: `make test-rlinf` builds .venv-rlinf (pip install -e "
-        "'.[rlinf]'); run ebrl from that interpreter"
-    )
+    install: str = RLINF_INSTALL
 
 
 def check_vectorized(run: Any) -> None:
@@ -233,10 +237,7 @@ class RLinfPolicyNode:
     #: another get_model (a dotted path; the tests' CPU fake); None: RLinf's
     registry: str | None = None
     package: str = "rlinf"
-    install: str = (
-        "RLinf runs in its own venv: `make test-rlinf` builds .venv-rlinf (pip install -e "
-        "'.[rlinf]'); run ebrl from that interpreter"
-    )
+    install: str = RLINF_INSTALL
 
 
 @dataclass
@@ -666,6 +667,22 @@ def _option(node: Any, fallback: str) -> str:
     return str(getattr(node, "name", None) or fallback)
 
 
+def _need_package(
+    machine: MachineFacts, group: str, name: str, package: str | None, install: str
+) -> str | None:
+    """The folder of ``package`` on ``machine`` (None when not checked: no package, or a
+    machine whose packages are unknown); ConfigError naming the install when it is missing."""
+    if not package or machine.find_package is None:
+        return None
+    folder = machine.find_package(package)
+    _check(
+        folder is not None,
+        f"{group}={name} needs the Python package '{package}', which {machine.where} cannot "
+        f"import: {install or 'install it'}",
+    )
+    return folder
+
+
 def check_machine(run: RunConfig, machine: MachineFacts) -> None:
     """Raise ConfigError if ``machine`` cannot run ``run``; the message names the fix.
 
@@ -715,24 +732,13 @@ def check_machine(run: RunConfig, machine: MachineFacts) -> None:
                 "node added to conf/gpu/)",
             )
     pol = run.policy
-    if isinstance(pol, RLinfPolicyNode) and pol.package and machine.find_package is not None:
-        _check(
-            machine.find_package(pol.package) is not None,
-            f"policy={pol.name} needs the Python package '{pol.package}', which {machine.where} "
-            f"cannot import: {pol.install}",
-        )
+    if isinstance(pol, RLinfPolicyNode):
+        _need_package(machine, "policy", pol.name, pol.package, pol.install)
     sim = run.simulator
     package, install = _SIM_PACKAGES.get(type(sim), (getattr(sim, "package", None), ""))
     install = getattr(sim, "install", "") or install
     sim_name = _option(sim, type(sim).__name__)
-    folder = None
-    if package and machine.find_package is not None:
-        folder = machine.find_package(package)
-        _check(
-            folder is not None,
-            f"simulator={sim_name} needs the Python package '{package}', which {machine.where} "
-            f"cannot import: {install or 'install it'}",
-        )
+    folder = _need_package(machine, "simulator", sim_name, package, install)
     if machine.env is not None:
         for var in getattr(sim, "env_vars", []):
             _check(

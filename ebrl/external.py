@@ -20,6 +20,32 @@ class UnavailableHere(RuntimeError):
     """A policy or simulator this machine cannot build; the message says what to change."""
 
 
+def rlinf_entry(override: Any, module: str, name: str, what: str, instead: str) -> Any:
+    """One of RLinf's registry functions (``rlinf.models.get_model``, ``rlinf.envs.get_env_cls``),
+    or the one ``override`` names (a callable, or a dotted path: the tests' CPU fakes).
+
+    Raises:
+        RuntimeError: RLinf is not importable; the message names ``what`` needed it, where to
+            get RLinf and what to use ``instead``.
+    """
+    if callable(override):
+        return override
+    if override:
+        from hydra.utils import get_method
+
+        return get_method(override)
+    import importlib
+
+    try:
+        return getattr(importlib.import_module(module), name)
+    except ImportError as e:
+        raise RuntimeError(
+            f"{what} through RLinf's registry: RLinf is not importable here ({e}). "
+            "`make test-rlinf` builds .venv-rlinf with the rlinf extra (~3.4 GB); run from that "
+            f"interpreter, or use {instead}"
+        ) from e
+
+
 def _no_adapter(kind: str, name: str, rlinf_name: str) -> NotImplementedError:
     if kind == "policy":
         why = (

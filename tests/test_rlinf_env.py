@@ -10,15 +10,14 @@ import importlib.util
 
 import numpy as np
 import pytest
-import torch
 
 from ebrl.config import ConfigError, validate
 from ebrl.envs.base import EnvGroup, reset_seed
 from ebrl.envs.rlinf_env import RLinfEnv
-from ebrl.types import ActionChunk
 
 from . import rlinf_fakes
 from .conftest import TINY, make_cfg
+from .test_envs_fake import chunk
 
 FAKE = "tests.rlinf_fakes.get_env_cls"
 FAKE_CFG = {"seed": 0, "auto_reset": True, "episode_len": 3}
@@ -27,17 +26,6 @@ FAKE_CFG = {"seed": 0, "auto_reset": True, "episode_len": 3}
 def fake_env(env_id: int = 0, **kw) -> RLinfEnv:
     args = dict(env_type="fake", env_cfg=FAKE_CFG, max_episode_steps=50, action_dim=2)
     return RLinfEnv(env_id=env_id, registry=FAKE, **{**args, **kw})
-
-
-def chunk(ids: list[int], actions: np.ndarray) -> ActionChunk:
-    n = len(ids)
-    return ActionChunk(
-        actions=torch.as_tensor(actions, dtype=torch.float32),
-        logprob=torch.zeros(n),
-        value=torch.zeros(n),
-        env_ids=torch.tensor(ids),
-        policy_version=torch.zeros(n, dtype=torch.int64),
-    )
 
 
 def test_an_rlinf_env_resets_with_ebrls_seed_and_ends_its_episode_inside_a_chunk():

@@ -15,10 +15,12 @@ ebrl's seed. RLinf's ``chunk_step`` applies the whole chunk and reports the epis
 at the chunk's last column, which would hide where inside a chunk the episode ended; the
 adapter uses ``step`` for that reason.
 
+:class:`RLinfVecEnvGroup` is the vectorised form (``simulator.vectorized=true``: RLinf's GPU
+ManiSkill with many envs in one instance): one instance for all of an env worker's envs.
+
 What it does not cover, plainly: image observations (ebrl's policies take the flat state; the
-images are dropped), and RLinf's vectorised GPU envs (ManiSkill's GPU backend with hundreds of
-envs in one instance, BEHAVIOR's subprocess pool): those step every env of the instance
-together, which ebrl's per-env stepping would need as a vectorised env group of its own.
+images are dropped), and classes without RLinf's common constructor (BEHAVIOR's subprocess
+pool).
 
 ``registry`` names another ``get_env_cls`` (a dotted path or a callable): the tests use one
 that returns a CPU fake with RLinf's contract.
@@ -44,22 +46,15 @@ GetEnvCls = Callable[[str, Any], type]
 
 def rlinf_registry(registry: str | GetEnvCls | None = None) -> GetEnvCls:
     """RLinf's ``get_env_cls`` (or the one ``registry`` names); a clear error without RLinf."""
-    if callable(registry):
-        return registry
-    if registry:
-        from hydra.utils import get_method
+    from ebrl.external import rlinf_entry
 
-        return get_method(registry)
-    try:
-        from rlinf.envs import get_env_cls
-    except ImportError as e:
-        raise RuntimeError(
-            f"simulator through RLinf's env registry: RLinf is not importable here ({e}). "
-            "Install it in its own venv (`make test-rlinf` builds .venv-rlinf with the rlinf "
-            "extra, ~3.4 GB) and run from that interpreter, or pick a simulator ebrl steps "
-            "itself (simulator=pushcube, simulator=libero)."
-        ) from e
-    return get_env_cls
+    return rlinf_entry(
+        registry,
+        "rlinf.envs",
+        "get_env_cls",
+        "simulator",
+        "a simulator ebrl steps itself (simulator=pushcube, simulator=libero)",
+    )
 
 
 def _first(x: Any) -> Any:
@@ -68,6 +63,83 @@ def _first(x: Any) -> Any:
         x = x.detach().cpu().numpy()
     arr = np.asarray(x)
     return arr.reshape(-1)[0] if arr.size else False
+
+
+def _build(
+    env_type: str,
+    env_cfg: Mapping[str, Any],
+    registry: str | GetEnvCls | None,
+    num_envs: int,
+    seed_offset: int,
+) -> Any:
+    """An instance of RLinf's class for ``env_type`` holding ``num_envs`` envs, built with
+    RLinf's common constructor from a copy of ``env_cfg`` (``auto_reset`` off: ebrl resets)."""
+    from omegaconf import OmegaConf
+
+    get_env_cls = rlinf_registry(registry)
+    if env_type == "maniskill":  # SAPIEN needs a Vulkan driver before its first env
+        from ebrl.envs.vulkan import ensure_vulkan
+
+        ensure_vulkan()
+    cfg = OmegaConf.create(
+        OmegaConf.to_container(env_cfg, resolve=True)
+        if OmegaConf.is_config(env_cfg)
+        else dict(env_cfg)
+    )
+    cfg.auto_reset = False  # ebrl resets each env itself, with its own seeds
+    if "init_params" in cfg:
+        cfg.init_params.num_envs = num_envs
+    try:
+        cls = get_env_cls(env_type, cfg)
+    except ImportError as e:  # the simulator RLinf wraps is not installed
+        raise RuntimeError(
+            f"RLinf env type {env_type!r} needs a package this interpreter cannot import "
+            f"({e}); install the simulator in the venv that runs RLinf"
+        ) from e
+    if registry is None and env_type not in COMMON_CONSTRUCTOR:
+        raise RuntimeError(
+            f"RLinf env type {env_type!r} ({cls.__name__}) does not take RLinf's common "
+            "constructor (cfg, num_envs, seed_offset, total_num_processes, worker_info), so "
+            "ebrl cannot build it; types it can: " + ", ".join(COMMON_CONSTRUCTOR)
+        )
+    return cls(cfg, num_envs, int(seed_offset), 1, None)
+
+
+def _states(obs: Any, n: int, obs_key: str, env_type: str) -> np.ndarray:  # -> [n, O] float32
+    """The flat states of an RLinf observation dict, copied (RLinf may update them in place)."""
+    if not isinstance(obs, Mapping) or obs_key not in obs:
+        have = sorted(obs) if isinstance(obs, Mapping) else type(obs).__name__
+        raise KeyError(
+            f"RLinf env type {env_type!r}: its observation has no {obs_key!r} entry (it has "
+            f"{have}); set the simulator's obs_key, or its RLinf wrap_obs_mode so that the "
+            "state is returned"
+        )
+    x = obs[obs_key]
+    arr = x.detach().cpu().numpy() if hasattr(x, "detach") else np.asarray(x)
+    return np.array(arr.reshape(n, -1), dtype=np.float32, copy=True)
+
+
+def _action_dim(env: Any, env_type: str) -> int:
+    """The action size an RLinf instance exposes (its own or its wrapped gym env's space)."""
+    for owner in (env, getattr(env, "env", None)):
+        for name in ("single_action_space", "action_space"):
+            space = getattr(getattr(owner, "unwrapped", owner), name, None)
+            shape = getattr(space, "shape", None)
+            if shape:
+                return int(shape[-1])
+    raise RuntimeError(
+        f"RLinf env type {env_type!r}: its class exposes no action space; set the "
+        "simulator's action_dim"
+    )
+
+
+def _close(env: Any) -> None:
+    """Close an RLinf instance (or the gym env it wraps, when it has no close of its own)."""
+    for owner in (env, getattr(env, "env", None)):
+        close = getattr(owner, "close", None)
+        if callable(close):
+            close()
+            return
 
 
 class RLinfEnv:
@@ -106,45 +178,17 @@ class RLinfEnv:
         registry: str | GetEnvCls | None = None,
         **_node: Any,
     ) -> None:
-        from omegaconf import OmegaConf
-
-        get_env_cls = rlinf_registry(registry)
-        if env_type == "maniskill":  # SAPIEN needs a Vulkan driver before its first env
-            from ebrl.envs.vulkan import ensure_vulkan
-
-            ensure_vulkan()
-        cfg = OmegaConf.create(
-            OmegaConf.to_container(env_cfg, resolve=True)
-            if OmegaConf.is_config(env_cfg)
-            else dict(env_cfg)
-        )
-        cfg.auto_reset = False  # ebrl resets each env itself, with its own seeds
-        if "init_params" in cfg:
-            cfg.init_params.num_envs = 1
-        try:
-            cls = get_env_cls(env_type, cfg)
-        except ImportError as e:  # the simulator RLinf wraps is not installed
-            raise RuntimeError(
-                f"RLinf env type {env_type!r} needs a package this interpreter cannot import "
-                f"({e}); install the simulator in the venv that runs RLinf"
-            ) from e
-        if registry is None and env_type not in COMMON_CONSTRUCTOR:
-            raise RuntimeError(
-                f"RLinf env type {env_type!r} ({cls.__name__}) does not take RLinf's common "
-                "constructor (cfg, num_envs, seed_offset, total_num_processes, worker_info), so "
-                "ebrl cannot build it env by env; types it can: " + ", ".join(COMMON_CONSTRUCTOR)
-            )
         self.env_type = env_type
         self.obs_key = obs_key
         self.max_episode_steps = int(max_episode_steps)
-        self.env = cls(cfg, 1, int(env_id), 1, None)
+        self.env = _build(env_type, env_cfg, registry, 1, env_id)
         reset = inspect.signature(self.env.reset).parameters
         self._seeded = "seed" in reset
         self._options = "options" in reset
         obs = self._reset(None)
         self.action_low = np.float32(action_low)
         self.action_high = np.float32(action_high)
-        adim = action_dim if action_dim is not None else self._action_dim()
+        adim = action_dim if action_dim is not None else _action_dim(self.env, env_type)
         self.spec = EnvSpec(
             obs_dim=int(obs.shape[0]),
             action_dim=int(adim),
@@ -154,30 +198,6 @@ class RLinfEnv:
         )
         self._t = 0
 
-    def _action_dim(self) -> int:
-        for owner in (self.env, getattr(self.env, "env", None)):
-            for name in ("single_action_space", "action_space"):
-                space = getattr(getattr(owner, "unwrapped", owner), name, None)
-                shape = getattr(space, "shape", None)
-                if shape:
-                    return int(shape[-1])
-        raise RuntimeError(
-            f"RLinf env type {self.env_type!r}: its class exposes no action space; set the "
-            "simulator's action_dim"
-        )
-
-    def _state(self, obs: Any) -> np.ndarray:  # -> [O] float32
-        if not isinstance(obs, Mapping) or self.obs_key not in obs:
-            have = sorted(obs) if isinstance(obs, Mapping) else type(obs).__name__
-            raise KeyError(
-                f"RLinf env type {self.env_type!r}: its observation has no {self.obs_key!r} "
-                f"entry (it has {have}); set the simulator's obs_key, or its RLinf "
-                "wrap_obs_mode so that the state is returned"
-            )
-        x = obs[self.obs_key]
-        arr = x.detach().cpu().numpy() if hasattr(x, "detach") else np.asarray(x)
-        return np.array(arr.reshape(-1), dtype=np.float32, copy=True)
-
     def _reset(self, seed: int | None) -> np.ndarray:
         kwargs: dict[str, Any] = {}
         if seed is not None and self._seeded:
@@ -185,7 +205,7 @@ class RLinfEnv:
             if self._options:  # RLinf's ManiSkill env replaces the seed when options is None
                 kwargs["options"] = {}
         obs, _ = self.env.reset(**kwargs)
-        return self._state(obs)
+        return _states(obs, 1, self.obs_key, self.env_type)[0]
 
     def reset(self, seed: int) -> np.ndarray:  # -> [O] float32
         """A new episode; with a class whose ``reset`` takes a seed, the seed decides it
@@ -203,7 +223,7 @@ class RLinfEnv:
         self._t += 1
         success = infos.get("success", False) if isinstance(infos, Mapping) else False
         return StepResult(
-            obs=self._state(obs),
+            obs=_states(obs, 1, self.obs_key, self.env_type)[0],
             reward=float(_first(reward)),
             terminated=bool(_first(terminated)),
             truncated=bool(_first(truncated)) or self._t >= self.max_episode_steps,
@@ -211,11 +231,7 @@ class RLinfEnv:
         )
 
     def close(self) -> None:
-        for owner in (self.env, getattr(self.env, "env", None)):
-            close = getattr(owner, "close", None)
-            if callable(close):
-                close()
-                return
+        _close(self.env)
 
 
 class RLinfVecEnvGroup:
@@ -257,34 +273,13 @@ class RLinfVecEnvGroup:
         **_node: Any,
     ) -> None:
         import torch
-        from omegaconf import OmegaConf
 
         from ebrl.envs.base import LATENCY_WINDOW
 
         if not env_ids:
             raise ValueError("RLinfVecEnvGroup: need at least one env id")
-        get_env_cls = rlinf_registry(registry)
-        cfg = OmegaConf.create(
-            OmegaConf.to_container(env_cfg, resolve=True)
-            if OmegaConf.is_config(env_cfg)
-            else dict(env_cfg)
-        )
-        cfg.auto_reset = False
         n = len(env_ids)
-        if "init_params" in cfg:
-            cfg.init_params.num_envs = n
-        if env_type == "maniskill":
-            from ebrl.envs.vulkan import ensure_vulkan
-
-            ensure_vulkan()
-        try:
-            cls = get_env_cls(env_type, cfg)
-        except ImportError as e:
-            raise RuntimeError(
-                f"RLinf env type {env_type!r} needs a package this interpreter cannot import "
-                f"({e}); install the simulator in the venv that runs RLinf"
-            ) from e
-        self.env = cls(cfg, n, int(env_ids[0]), 1, None)
+        self.env = _build(env_type, env_cfg, registry, n, env_ids[0])
         self.env_type, self.obs_key = env_type, obs_key
         self.env_ids = torch.as_tensor(env_ids, dtype=torch.int64)
         self._local = {int(g): i for i, g in enumerate(env_ids)}
@@ -298,10 +293,8 @@ class RLinfVecEnvGroup:
         self._lat = np.zeros(LATENCY_WINDOW, dtype=np.float64)  # one instance: one latency
         self._lat_steps = 0
         self._seed_now = np.zeros(n, dtype=np.int64)  # each env's current episode seed
-        self._obs = self._states(self._reset_rows(np.arange(n)), n)
-        one = RLinfEnv.__new__(RLinfEnv)  # its action-space lookup, on this instance
-        one.env, one.env_type = self.env, env_type
-        adim = action_dim if action_dim is not None else one._action_dim()
+        self._obs = _states(self._reset_rows(np.arange(n)), n, self.obs_key, self.env_type)
+        adim = action_dim if action_dim is not None else _action_dim(self.env, env_type)
         self.spec = EnvSpec(
             obs_dim=int(self._obs.shape[1]),
             action_dim=int(adim),
@@ -312,17 +305,6 @@ class RLinfVecEnvGroup:
 
     def __len__(self) -> int:
         return int(self.env_ids.shape[0])
-
-    def _states(self, obs: Any, n: int) -> np.ndarray:  # -> [n, O]
-        if not isinstance(obs, Mapping) or self.obs_key not in obs:
-            have = sorted(obs) if isinstance(obs, Mapping) else type(obs).__name__
-            raise KeyError(
-                f"RLinf env type {self.env_type!r}: its observation has no {self.obs_key!r} "
-                f"entry (it has {have}); set the simulator's obs_key"
-            )
-        x = obs[self.obs_key]
-        arr = x.detach().cpu().numpy() if hasattr(x, "detach") else np.asarray(x)
-        return np.array(arr.reshape(n, -1), dtype=np.float32, copy=True)
 
     def _seeds(self, rows: np.ndarray) -> list[int]:
         from ebrl.envs.base import reset_seed
@@ -357,7 +339,9 @@ class RLinfVecEnvGroup:
         t0 = time.perf_counter()
         self.episode_id[:] = 0
         self.episode_step[:] = 0
-        self._obs = self._states(self._reset_rows(np.arange(len(self))), len(self))
+        self._obs = _states(
+            self._reset_rows(np.arange(len(self))), len(self), self.obs_key, self.env_type
+        )
         self.sim_seconds += time.perf_counter() - t0
         return torch.from_numpy(self._obs.copy())
 
@@ -401,7 +385,7 @@ class RLinfVecEnvGroup:
             )
             self._lat[self._lat_steps % LATENCY_WINDOW] = time.perf_counter() - ts
             self._lat_steps += 1
-            states = self._states(obs, n)
+            states = _states(obs, n, self.obs_key, self.env_type)
             r = _as_np(reward, n, np.float32)
             te, tr = _as_np(term, n, bool), _as_np(trunc, n, bool)
             su = _as_np(
@@ -426,7 +410,7 @@ class RLinfVecEnvGroup:
             rows = np.flatnonzero(done)
             self.episode_id[rows] += 1
             self.episode_step[rows] = 0
-            nxt[rows] = self._states(self._reset_rows(rows), n)[rows]
+            nxt[rows] = _states(self._reset_rows(rows), n, self.obs_key, self.env_type)[rows]
         self._obs = nxt
         out.next_obs[:] = nxt
         self.sim_seconds += time.perf_counter() - t0
@@ -441,11 +425,7 @@ class RLinfVecEnvGroup:
         return {int(g): (float(p50), float(p99), int(self._lat_steps)) for g in self.env_ids}
 
     def close(self) -> None:
-        for owner in (self.env, getattr(self.env, "env", None)):
-            close = getattr(owner, "close", None)
-            if callable(close):
-                close()
-                return
+        _close(self.env)
 
 
 def _as_np(x: Any, n: int, dtype: Any) -> np.ndarray:

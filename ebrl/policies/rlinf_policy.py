@@ -41,21 +41,11 @@ GetModel = Callable[[Any], torch.nn.Module]
 
 def rlinf_models(registry: str | GetModel | None = None) -> GetModel:
     """RLinf's ``get_model`` (or the one ``registry`` names); a clear error without RLinf."""
-    if callable(registry):
-        return registry
-    if registry:
-        from hydra.utils import get_method
+    from ebrl.external import rlinf_entry
 
-        return get_method(registry)
-    try:
-        from rlinf.models import get_model
-    except ImportError as e:
-        raise RuntimeError(
-            f"policy through RLinf's model registry: RLinf is not importable here ({e}). "
-            "`make test-rlinf` builds .venv-rlinf with the rlinf extra; run from that "
-            "interpreter, or use policy=transformer_l or policy=mlp"
-        ) from e
-    return get_model
+    return rlinf_entry(
+        registry, "rlinf.models", "get_model", "policy", "policy=transformer_l or policy=mlp"
+    )
 
 
 def _flat_sum(x: torch.Tensor, b: int) -> torch.Tensor:  # -> [B]
