@@ -55,6 +55,22 @@ def test_two_replicas_act_for_their_own_env_workers_and_compute_the_same_run():
     assert loads == {("gen", "board"), ("gen1", "board")}
 
 
+def test_the_timeline_keeps_every_workers_last_spans_when_the_run_stops(monkeypatch):
+    """Workers send spans at most every ``flush_every_s``, and once more when they stop. With the
+    throttled sends turned off, the timeline holds only what the stop sends carried: every
+    worker's spans must still be there (a short run on a fast machine ends before a throttled
+    send, and its timeline used to miss those spans)."""
+    from ebrl.schedulers.ebrl import workers
+
+    monkeypatch.setattr(workers._Worker, "flush_every_s", float("inf"))
+    _, ctx = run(
+        cfg8(), EBRLScheduler(backend="inprocess", sim_workers=2, gen_replicas=2, **LOCKSTEP)
+    )
+    seen = {(s.stage, s.track) for s in ctx.timeline.spans}
+    assert {("gen", "gen"), ("gen", "gen1"), ("load", "gen"), ("load", "gen1")} <= seen
+    assert {s.stage for s in ctx.timeline.spans} >= {"sim", "gen", "load", "train", "sync"}
+
+
 def test_weights_inline_or_on_the_board_give_the_same_run():
     cfg = cfg8()
     board, _ = run(cfg, EBRLScheduler(backend="inprocess", gen_replicas=2, **LOCKSTEP))

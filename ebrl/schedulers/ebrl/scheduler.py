@@ -429,7 +429,7 @@ class EBRLScheduler:
         finally:
             if manager is not None:
                 manager.close()
-            self._shutdown(inbox, handles, backend, slots, book, authkey)
+            self._shutdown(inbox, handles, backend, slots, book, authkey, ctx.timeline)
 
     def placement(self, roles: Roles, backend: Any, run_dir: Path | None = None) -> dict[str, dict]:
         """Where each worker runs (Ray actor options by worker name; none in-process): env
@@ -573,8 +573,9 @@ class EBRLScheduler:
                     out.close()
         return rec.metrics()
 
-    def _shutdown(self, inbox, handles, backend, slots, book, authkey) -> None:
-        """Stop every worker (politely, then by force), free the slots; never raises."""
+    def _shutdown(self, inbox, handles, backend, slots, book, authkey, timeline) -> None:
+        """Stop every worker (politely, then by force), keep the spans their last flush sent,
+        free the slots; never raises."""
 
         def tell(addr: Any) -> None:
             with contextlib.suppress(Exception):  # a dead worker cannot be told
@@ -600,10 +601,28 @@ class EBRLScheduler:
             except Exception as e:  # keep shutting the others down
                 log.warning("stopping %s: %s", h.name, e)
         with contextlib.suppress(Exception):
+            _keep_last_spans(inbox, timeline)
+        with contextlib.suppress(Exception):
             backend.shutdown()
         inbox.close()
         if slots is not None:
             slots.close()
+
+
+def _keep_last_spans(inbox: Inbox, timeline: Any, quiet_s: float = 0.1, limit_s: float = 2.0):
+    """Add to ``timeline`` the spans of the workers' final flushes (each worker sends one when
+    it stops; the run's loop no longer reads them): read until the inbox stays quiet for
+    ``quiet_s``, for at most ``limit_s``. Without it a short run's timeline misses its last
+    spans, those since each worker's previous (throttled) flush."""
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        msgs = inbox.recv(timeout=quiet_s)
+        if not msgs:
+            return
+        for m in msgs:
+            if isinstance(m, Telemetry):
+                for span in m.spans:
+                    timeline.add(span)
 
 
 #: gauges each replica reports whose run value is the oldest, not a sum

@@ -124,6 +124,8 @@ class _Worker:
     """
 
     name = "worker"
+    #: a worker's spans and gauges go to the driver at most this often (and when it stops)
+    flush_every_s = 0.25
 
     def __init__(self, factory: StageFactory, authkey: bytes, driver_host: str) -> None:
         self.factory = factory
@@ -196,10 +198,10 @@ class _Worker:
         gauges: dict[str, float] | Callable[[], dict[str, float]] | None = None,
         force: bool = False,
     ) -> None:
-        """Send spans recorded since the last flush (at most every 0.25 s unless forced), with
-        ``gauges`` (a callable is only called when the message goes out)."""
+        """Send spans recorded since the last flush (at most every ``flush_every_s`` unless
+        forced), with ``gauges`` (a callable is only called when the message goes out)."""
         now = time.perf_counter()
-        if not force and now - self._last_flush < 0.25:
+        if not force and now - self._last_flush < self.flush_every_s:
             return
         self._last_flush = now
         spans = self.timeline.spans[self._sent_spans :]
