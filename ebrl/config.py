@@ -151,12 +151,29 @@ class RLinfSim:
     action_high: float = 1.0
     #: another get_env_cls (a dotted path; the tests' CPU fake); None: RLinf's
     registry: str | None = None
-    #: one RLinf instance steps all of an env worker's envs together (RLinf's GPU ManiSkill):
-    #: whole-worker chunks only, so no env-group pipelining and no step level
+    #: one RLinf instance steps all of an env worker's envs together (RLinf's GPU ManiSkill,
+    #: BEHAVIOR): whole-worker chunks only, so no env-group pipelining and no step level
     vectorized: bool = False
+    #: how a vectorised instance steps: ``step`` (one action at a time) or ``chunk`` (RLinf's
+    #: chunk_step: episodes end at chunk boundaries; BEHAVIOR has nothing else)
+    step_mode: str = "step"
     #: the package it needs (import name), and how to get it
     package: str = "rlinf"
     install: str = RLINF_INSTALL
+    #: the simulator RLinf's class wraps (import name; None: none beyond RLinf's own), and how
+    #: to install it in the interpreter that runs RLinf
+    sim_package: str | None = None
+    sim_install: str = ""
+    description: str = ""
+    task: str = ""
+    #: environment variables it needs, and the assets it reads ("{package}": sim_package's
+    #: folder), with how to get them
+    env_vars: list[str] = field(default_factory=list)
+    assets: str | None = None
+    assets_install: str = ""
+    #: needs a GPU (renderer or GPU physics), and one with RT cores (Isaac Sim)
+    requires_gpu: bool = False
+    requires_rt_cores: bool = False
 
 
 def check_vectorized(run: Any) -> None:
@@ -472,10 +489,10 @@ def __getattr__(name: str) -> Any:
 
 
 # === issue 6: hardware, resources, launcher; GPU-cluster policies and simulators ==============
-# Nodes of the gpu/, resources/ and launcher/ groups, of the GPU-only policies (pi0, gr00t,
-# openvla_oft, dreamzero) and of the simulators ebrl has no CPU adapter for (robocasa,
-# behavior). check_machine() (called by validate()) refuses, before any work starts, a config this
-# machine cannot run, and names what to install or change; the machine comes in as data
+# Nodes of the gpu/, resources/ and launcher/ groups and of the GPU-only policies (pi0, gr00t,
+# openvla_oft, dreamzero). check_machine() (called by validate()) refuses, before any work
+# starts, a config this machine cannot run (a GPU policy or simulator on CPU, a simulator
+# package or its assets missing), and names what to install or change; the machine comes in as data
 # (ebrl.hardware.MachineFacts), so the check is pure and tested on made-up machines.
 @dataclass
 class GPUNode:
@@ -630,33 +647,6 @@ class GPUPolicyNode:
     checkpoint: str = ""
 
 
-@dataclass
-class ExternalSimNode:
-    """A simulator ebrl has no CPU adapter for; its runs go through RLinf on GPU nodes.
-
-    Its ``_target_`` (``ebrl.external.ExternalSimulator``) raises an error naming what is missing.
-    """
-
-    _target_: str = "ebrl.external.ExternalSimulator"
-    name: str = MISSING
-    description: str = ""
-    task: str = ""
-    #: the Python package (import name) it needs, and how to get it
-    package: str = MISSING
-    install: str = ""
-    #: environment variables it needs
-    env_vars: list[str] = field(default_factory=list)
-    #: a file or folder its assets put in place ("{package}": the package's folder)
-    assets: str | None = None
-    assets_install: str = ""
-    #: needs a GPU (renderer or GPU physics), and one with RT cores (Isaac Sim)
-    requires_gpu: bool = False
-    requires_rt_cores: bool = False
-    max_episode_steps: int = 512
-    #: RLinf's env type for it (env.train.env_type)
-    rlinf_env: str = ""
-
-
 #: packages the CPU simulators need: node type -> (import name, how to install)
 _SIM_PACKAGES: dict[type, tuple[str, str]] = {
     ManiSkillSim: ("mani_skill", "pip install -e '.[sim]' (make setup)"),
@@ -739,6 +729,8 @@ def check_machine(run: RunConfig, machine: MachineFacts) -> None:
     install = getattr(sim, "install", "") or install
     sim_name = _option(sim, type(sim).__name__)
     folder = _need_package(machine, "simulator", sim_name, package, install)
+    if isinstance(sim, RLinfSim) and sim.sim_package:  # RLinf, then the simulator it wraps
+        folder = _need_package(machine, "simulator", sim_name, sim.sim_package, sim.sim_install)
     if machine.env is not None:
         for var in getattr(sim, "env_vars", []):
             _check(
@@ -830,7 +822,6 @@ _SCHEMAS_ISSUE6: list[tuple[str, str, type]] = [
     ("resources", "resources_schema", ResourcesNode),
     ("launcher", "launcher_schema", LauncherNode),
     ("policy", "gpu_policy_schema", GPUPolicyNode),
-    ("simulator", "external_schema", ExternalSimNode),
 ]
 
 
@@ -1281,6 +1272,15 @@ def validate(cfg: DictConfig, machine: MachineFacts | None = None) -> RunConfig:
         _check(
             run.simulator.max_episode_steps >= 1,
             f"simulator.max_episode_steps={run.simulator.max_episode_steps}: must be >= 1",
+        )
+        _check(
+            run.simulator.step_mode in ("step", "chunk"),
+            f"simulator.step_mode={run.simulator.step_mode!r}: choose step or chunk",
+        )
+        _check(
+            run.simulator.step_mode == "step" or run.simulator.vectorized,
+            "simulator.step_mode=chunk steps a whole instance with RLinf's chunk_step: set "
+            "simulator.vectorized=true too (or step_mode=step)",
         )
         if run.simulator.vectorized:
             check_vectorized(run)

@@ -8,7 +8,10 @@ default (the Gaussian's mean, as ManiSkill's PPO baseline evaluates), from initi
 from a seed stream no training episode uses, and count the successes.
 
 Each env executes its chunk open loop, K actions or until its episode ends, exactly as in
-training. Runs in the calling process, on ``threads`` torch threads.
+training. Runs in the calling process, on ``threads`` torch threads. A vectorised simulator
+(RLinf's GPU envs, BEHAVIOR: one instance steps all envs together) is evaluated as it trains:
+one instance of ``num_envs`` envs, every chunk for all of them, its resets on the evaluation
+stream, the first ``episodes`` episodes to end counted.
 """
 
 from __future__ import annotations
@@ -64,6 +67,11 @@ def evaluate(
     prev_threads = torch.get_num_threads()
     torch.set_num_threads(max(1, threads))
     num_envs = max(1, min(num_envs, episodes))
+    if factory.cfg["simulator"].get("vectorized"):
+        try:
+            return _evaluate_vectorized(factory, weights, episodes, num_envs, deterministic, t0)
+        finally:
+            torch.set_num_threads(prev_threads)
     envs = [factory.make_env(i) for i in range(num_envs)]
     try:
         spec = envs[0].spec
@@ -123,3 +131,53 @@ def evaluate(
         for env in envs:
             env.close()
         torch.set_num_threads(prev_threads)
+
+
+def _evaluate_vectorized(
+    factory: StageFactory,
+    weights: tuple[int, dict[str, torch.Tensor]],
+    episodes: int,
+    num_envs: int,
+    deterministic: bool,
+    t0: float,
+) -> EvalResult:
+    """:func:`evaluate` on one vectorised instance (the module docstring)."""
+    group = factory.group(list(range(num_envs)), stream=EVAL_STREAM)
+    try:
+        spec = group.spec
+        policy = factory.with_spec(spec).policy()
+        policy.set_weights(*weights)
+        policy.eval()
+        k = policy.spec.chunk_size
+        gen = torch.Generator().manual_seed(int(factory.cfg["seed"]))
+        obs, ids = group.reset(), group.env_ids
+        ret, length = np.zeros(num_envs), np.zeros(num_envs, dtype=np.int64)
+        successes, returns, lengths = 0, [], []
+        while len(returns) < episodes:
+            noise = torch.randn(num_envs, k, spec.action_dim, generator=gen)  # [N, K, A]
+            chunk = policy.act(
+                Observation(obs=obs, env_ids=ids), deterministic=deterministic, noise=noise
+            )
+            out = group.step_chunk(chunk)
+            for i in range(num_envs):
+                n = int(out.n_steps[i])
+                ret[i] += float(out.reward[i, :n].sum())
+                length[i] += n
+                if bool(out.terminated[i]) or bool(out.truncated[i]):
+                    if len(returns) < episodes:
+                        successes += int(bool(out.success[i]))
+                        returns.append(ret[i])
+                        lengths.append(length[i])
+                    ret[i], length[i] = 0.0, 0
+            obs = out.next_obs
+        return EvalResult(
+            episodes=len(returns),
+            successes=successes,
+            mean_return=float(np.mean(returns)),
+            mean_length=float(np.mean(lengths)),
+            policy_version=int(weights[0]),
+            deterministic=deterministic,
+            seconds=time.perf_counter() - t0,
+        )
+    finally:
+        group.close()

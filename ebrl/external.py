@@ -1,12 +1,14 @@
-"""Stand-ins for what runs only on GPU clusters: the paper's VLA policies and simulators.
+"""Stand-ins for what runs only on GPU clusters: the paper's VLA policies; RLinf's registries.
 
-``conf/policy/{pi0,gr00t,openvla_oft,dreamzero}.yaml`` and ``conf/simulator/{robocasa,
-behavior}.yaml`` describe the paper's workloads (model size, action chunk, the package they need),
-so sweeps over them compose, validate and dry-run anywhere. (LIBERO has an adapter of its own,
-``ebrl.envs.libero``, which runs on CPU.) Building one never pretends: without a
-GPU or its package it raises :class:`UnavailableHere` naming what is missing; with both, it says
-that these runs go through RLinf (the system EBRL extends) rather than ebrl's in-process engine.
-``ebrl.config.validate`` catches the same cases earlier, before any work starts.
+``conf/policy/{pi0,gr00t,openvla_oft,dreamzero}.yaml`` describe the paper's policies (model size,
+action chunk, the package they need), so sweeps over them compose, validate and dry-run anywhere.
+Building one never pretends: without a GPU or its package it raises :class:`UnavailableHere`
+naming what is missing; with both, it says that these runs go through RLinf (the system EBRL
+extends) rather than ebrl's in-process engine. ``ebrl.config.validate`` catches the same cases
+earlier, before any work starts. (The paper's simulators have adapters: LIBERO its own,
+``ebrl.envs.libero``; RoboCasa and BEHAVIOR RLinf's classes, ``ebrl.envs.rlinf_env``.)
+
+:func:`rlinf_entry` resolves RLinf's registry functions for both adapters.
 """
 
 from __future__ import annotations
@@ -46,23 +48,15 @@ def rlinf_entry(override: Any, module: str, name: str, what: str, instead: str) 
         ) from e
 
 
-def _no_adapter(kind: str, name: str, rlinf_name: str) -> NotImplementedError:
-    if kind == "policy":
-        why = (
-            "ebrl's adapter over RLinf's model registry (ebrl.policies.rlinf_policy; "
-            "policy=rlinf_mlp) trains models whose rollout hands the learner the observation "
-            "and the chunk only, and this VLA's hands it more (its forward_inputs), which "
-            "ebrl's data contract does not carry yet"
-        )
-    else:
-        why = (
-            "ebrl's adapter over RLinf's env registry (ebrl.envs.rlinf_env; "
-            "simulator=rlinf_maniskill) builds it env by env where RLinf's class takes the "
-            f"common constructor: simulator=rlinf_maniskill simulator.env_type={rlinf_name} "
-            "with RLinf's env config for it in simulator.env_cfg"
-        )
+def _no_adapter(name: str, rlinf_name: str) -> NotImplementedError:
+    why = (
+        "ebrl's adapter over RLinf's model registry (ebrl.policies.rlinf_policy; "
+        "policy=rlinf_mlp) trains models whose rollout hands the learner the observation "
+        "and the chunk only, and this VLA's hands it more (its forward_inputs), which "
+        "ebrl's data contract does not carry yet"
+    )
     return NotImplementedError(
-        f"{kind}={name}: {why}; the paper's GPU runs launch RLinf with the equivalent "
+        f"policy={name}: {why}; the paper's GPU runs launch RLinf with the equivalent "
         f"configuration (RLinf name {rlinf_name!r}). On CPU use policy=transformer_l and "
         "simulator=pushcube."
     )
@@ -102,39 +96,4 @@ class GPUPolicy:
             raise UnavailableHere(
                 f"policy={name} needs the Python package '{package}': {install or 'install it'}"
             )
-        raise _no_adapter("policy", name, rlinf_model)
-
-
-class ExternalSimulator:
-    """A simulator ebrl has no adapter for (RoboCasa, BEHAVIOR): constructing raises.
-
-    Args:
-        name: the simulator option (``simulator=<name>``).
-        package: import name of the package it needs.
-        install: how to install that package.
-        requires_gpu: it needs a GPU (renderer or physics).
-        rlinf_env: RLinf's env type for it.
-        **info: the rest of the node and the env id.
-    """
-
-    def __init__(
-        self,
-        *,
-        name: str,
-        package: str,
-        install: str = "",
-        requires_gpu: bool = False,
-        rlinf_env: str = "",
-        **info: Any,
-    ) -> None:
-        machine = local_machine()
-        if requires_gpu and not machine.cuda:
-            raise UnavailableHere(
-                f"simulator={name} needs an NVIDIA GPU and {machine.where} has none usable: "
-                "use simulator=pushcube on CPU, or run it on a GPU node"
-            )
-        if machine.find_package is not None and machine.find_package(package) is None:
-            raise UnavailableHere(
-                f"simulator={name} needs the Python package '{package}': {install or 'install it'}"
-            )
-        raise _no_adapter("simulator", name, rlinf_env)
+        raise _no_adapter(name, rlinf_model)

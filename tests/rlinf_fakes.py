@@ -64,6 +64,62 @@ class FakeRLinfEnv:
         self.closed = True
 
 
+class EnvIdxResetEnv(FakeRLinfEnv):
+    """RoboCasa's reset contract (``rlinf/envs/robocasa/robocasa_env.py``): ``reset(env_idx,
+    options)`` with no seed: the class draws initial states itself (here: the reset's count)."""
+
+    def reset(self, env_idx=None, options=None):
+        rows = list(range(self.num_envs)) if env_idx is None else [int(i) for i in env_idx]
+        self.resets.append((rows, []))
+        for r in rows:
+            self._t[r], self._sum[r], self._start[r] = 0, 0.0, float(len(self.resets))
+        return self._obs(), {}
+
+
+class FakeChunkEnv(FakeRLinfEnv):
+    """BEHAVIOR's contract (``rlinf/envs/behavior/behavior_env.py``, v0.3): the constructor reads
+    ``worker_info.group_world_size`` and ``cfg.total_num_envs``; ``reset()`` resets every env
+    (no seed, no env index); ``chunk_step(actions [N, K, A])`` returns per-step lists (the
+    intermediate observations None, as with ``skip_intermediate_obs_in_chunk``) with an
+    episode's end at the chunk's last column, success in ``infos["episode"]["success_once"]``;
+    there is no ``step``. An env whose episode ended inside the chunk is held still (its time
+    stops), as OmniGibson's done envs are."""
+
+    def __init__(self, cfg, num_envs, seed_offset, total_num_processes, worker_info):
+        assert total_num_processes % worker_info.group_world_size == 0
+        assert int(cfg.total_num_envs) == num_envs
+        super().__init__(cfg, num_envs, seed_offset, total_num_processes, worker_info)
+        self.chunk_steps = 0
+
+    step = None  # BEHAVIOR's class has none
+
+    def reset(self):
+        self.resets.append((list(range(self.num_envs)), []))
+        self._t[:], self._sum[:] = 0, 0.0
+        self._start[:] = float(len(self.resets))
+        return self._obs(), {}
+
+    def chunk_step(self, chunk_actions):
+        n, k, a = chunk_actions.shape
+        assert (n, a) == (self.num_envs, ACTION_DIM), chunk_actions.shape
+        self.chunk_steps += 1
+        rewards, ended = torch.zeros(n, k), torch.zeros(n, dtype=torch.bool)
+        obs_list, infos_list = [], []
+        for j in range(k):
+            moving = ~ended
+            self._t[moving] += 1
+            self._sum[moving] += chunk_actions[moving, j].sum(dim=1)
+            now = moving & (self._t >= self.lengths)
+            rewards[now, j] = (self._sum[now] > 0).float()
+            ended |= now
+            obs_list.append(self._obs() if j == k - 1 else None)
+            success = ended & (self._sum > 0)
+            infos_list.append({"episode": {"success_once": success.clone()}})
+        terms = torch.zeros(n, k, dtype=torch.bool)
+        terms[:, -1] = ended
+        return obs_list, rewards, terms, torch.zeros(n, k, dtype=torch.bool), infos_list
+
+
 class NoStateEnv(FakeRLinfEnv):
     def _obs(self):
         return {"main_images": torch.zeros(self.num_envs, 8, 8, 3)}
@@ -74,6 +130,10 @@ def get_env_cls(env_type, cfg=None):
         return FakeRLinfEnv
     if env_type == "no_state":
         return NoStateEnv
+    if env_type == "env_idx":
+        return EnvIdxResetEnv
+    if env_type == "behavior":  # BEHAVIOR's contract, under its own env type
+        return FakeChunkEnv
     if env_type == "needs_sim":
         raise ImportError("No module named 'robocasa'")
     raise ValueError(f"{env_type!r} is not a valid SupportedEnvType")

@@ -193,7 +193,75 @@ def test_a_vectorised_instance_refuses_partial_chunks_and_the_step_level_by_name
         g.step_one(0, np.zeros((2, 2), np.float32))
 
 
+def test_a_class_that_resets_by_env_index_resets_only_the_envs_that_ended():
+    """RoboCasa's reset takes the envs to reset (no seed): the others go on."""
+    g = vec_group(env_type="env_idx", env_cfg={**FAKE_CFG, "episode_len": 2})
+    g.reset()
+    out = g.step_chunk(chunk([0, 1, 2], np.zeros((3, 2, 2))))
+    assert out.done.tolist() == [True, False, True] and not out.truncated.any()
+    assert g.env.resets[-1] == ([0, 2], [])
+    assert g.episode_id.tolist() == [1, 0, 1] and g.episode_step.tolist() == [0, 2, 0]
+
+
+# --- RLinf's chunk contract (BEHAVIOR): chunk_step and a reset of every env ------------------
+def chunk_group(**kw):
+    return vec_group(env_type="behavior", step_mode="chunk", **kw)
+
+
+def test_the_chunk_contract_steps_a_whole_chunk_in_one_call_and_ends_episodes_at_its_end():
+    g = chunk_group(env_cfg={**FAKE_CFG, "episode_len": 2})  # env 0, 2 end at step 2; 1 at 3
+    inst = g.env
+    assert inst.cfg.total_num_envs == 3  # BEHAVIOR sizes its subprocess pool from it
+    g.reset()
+    acts = np.stack([np.ones((4, 2)), -np.ones((4, 2)), np.ones((4, 2))])
+    out = g.step_chunk(chunk([0, 1, 2], acts))
+    assert inst.chunk_steps == 1  # one chunk_step, no step
+    assert out.n_steps.tolist() == [4, 4, 4]  # RLinf reports the ends at the chunk's last column
+    assert out.terminated.tolist() == [True, True, True]
+    assert out.success.tolist() == [True, False, True]  # from infos["episode"]["success_once"]
+    assert out.reward.sum(dim=1).tolist() == [1.0, 0.0, 1.0]
+    assert g.episode_id.tolist() == [1, 1, 1] and g.episode_step.tolist() == [0, 0, 0]
+    assert len(g.step_latency()[0]) == 3
+
+
+def test_a_reset_of_every_env_cuts_the_episodes_still_running_and_says_so():
+    """BEHAVIOR's reset resets every env: an env whose episode had not ended is truncated then
+    (not left running on with a silently new start)."""
+    g = chunk_group(env_cfg={**FAKE_CFG, "episode_len": 2})
+    g.reset()
+    out = g.step_chunk(chunk([0, 1, 2], np.zeros((3, 2, 2))))  # env 1 needs 3 steps
+    assert out.terminated.tolist() == [True, False, True]
+    assert out.truncated.tolist() == [False, True, False]
+    assert g.env.resets[-1] == ([0, 1, 2], [])
+    assert g.episode_id.tolist() == [1, 1, 1] and g.episode_step.tolist() == [0, 0, 0]
+    np.testing.assert_allclose(out.next_obs[:, 1].numpy(), 0.0)  # every env starts afresh
+
+
+def test_the_chunk_contracts_time_limit_ends_an_episode_at_the_chunk_that_reaches_it():
+    g = chunk_group(env_cfg={**FAKE_CFG, "episode_len": 100}, max_episode_steps=6)
+    g.reset()
+    first = g.step_chunk(chunk([0, 1, 2], np.zeros((3, 4, 2))))
+    assert not first.done.any()
+    second = g.step_chunk(chunk([0, 1, 2], np.zeros((3, 4, 2))))  # steps 5-8 pass the limit
+    assert second.truncated.all() and not second.terminated.any()
+
+
+def test_the_chunk_mode_needs_a_class_with_chunk_step_and_a_vectorised_node():
+    with pytest.raises(RuntimeError, match="has no chunk_step; use step_mode=step"):
+        vec_group(env_type="env_idx", step_mode="chunk")
+    with pytest.raises(ValueError, match="step_mode='bulk': choose step or chunk"):
+        vec_group(step_mode="bulk")
+    with pytest.raises(ConfigError, match=r"set simulator\.vectorized=true too"):
+        validate(make_cfg([*FAKE_RUN, "simulator.step_mode=chunk"]))
+
+
 VEC_RUN = [*FAKE_RUN, "simulator.vectorized=true"]
+CHUNK_RUN = [
+    *FAKE_RUN,
+    "simulator.vectorized=true",
+    "simulator.step_mode=chunk",
+    "simulator.env_type=behavior",
+]
 
 
 def test_validate_asks_for_whole_worker_chunks_with_a_vectorised_simulator():
@@ -210,8 +278,9 @@ def test_validate_asks_for_whole_worker_chunks_with_a_vectorised_simulator():
     )
 
 
+@pytest.mark.parametrize("form", ["vectorized", "chunk"])
 @pytest.mark.parametrize("scheduler", ["sync", "ebrl"])
-def test_a_run_trains_on_a_vectorised_rlinf_env(scheduler, tmp_path):
+def test_a_run_trains_on_a_vectorised_rlinf_env(scheduler, form, tmp_path):
     from ebrl.train import train
 
     extra = {
@@ -222,7 +291,8 @@ def test_a_run_trains_on_a_vectorised_rlinf_env(scheduler, tmp_path):
             "scheduler.step_level=false",
         ],
     }[scheduler]
-    s = train(make_cfg([*VEC_RUN, f"scheduler={scheduler}", *extra], tmp_path))
+    run = VEC_RUN if form == "vectorized" else CHUNK_RUN
+    s = train(make_cfg([*run, f"scheduler={scheduler}", *extra], tmp_path))
     assert s.status == "FINISHED" and s.iterations == 3
     assert s.env_steps > 0
 
@@ -249,3 +319,33 @@ def test_rlinfs_own_maniskill_env_as_a_vectorised_group_of_one():
     np.testing.assert_allclose(x.reward.numpy(), y.reward.numpy(), atol=1e-5)
     theirs.close()
     ours.close()
+
+
+def test_simulator_behavior_as_shipped_trains_through_the_adapter_on_a_fake(tmp_path):
+    """conf/simulator/behavior.yaml as a user types it (vectorised, RLinf's chunk contract, its
+    env_cfg), with only what the fake cannot be swapped: the registry (BEHAVIOR's contract on
+    CPU), no GPU or OmniGibson, and the fake's action size."""
+    from ebrl.train import train
+
+    cfg = make_cfg(
+        [
+            *TINY,
+            "simulator=behavior",
+            f"simulator.registry={FAKE}",
+            "simulator.requires_gpu=false",
+            "simulator.requires_rt_cores=false",
+            "simulator.package=''",
+            "simulator.sim_package=null",
+            "simulator.env_vars=[]",
+            "simulator.action_dim=2",
+            "+simulator.env_cfg.episode_len=3",
+            "scheduler=sync",
+            "eval.episodes=6",
+            "tracking.enabled=false",
+        ],
+        tmp_path,
+    )
+    s = train(cfg)
+    assert s.status == "FINISHED" and s.env_steps > 0
+    # evaluated as it trains: one instance, whole chunks (the fake has no per-action step)
+    assert s.eval_episodes == 6 and 0.0 <= s.eval_success_rate <= 1.0

@@ -15,7 +15,12 @@ from ebrl.hardware import MachineFacts
 
 from .conftest import make_cfg
 
-PKGS = {"mani_skill": "/site/mani_skill", "libero": "/site/libero", "robocasa": "/site/robocasa"}
+PKGS = {
+    "mani_skill": "/site/mani_skill",
+    "libero": "/site/libero",
+    "rlinf": "/site/rlinf",
+    "robocasa": "/site/robocasa",
+}
 
 
 def machine(gpus=(), cuda=None, packages=PKGS, paths=(), env=None) -> MachineFacts:
@@ -100,11 +105,32 @@ def test_missing_simulator_env_and_assets():
     ok = machine(env=env, paths=["/site/libero/libero/assets/scenes"])
     validate(make_cfg(["simulator=libero"]), machine=ok)
     refused(["simulator=robocasa"], CPU, "download_kitchen_assets")
+    # RoboCasa runs through RLinf's class: RLinf first, then RoboCasa itself
+    refused(["simulator=robocasa"], machine(packages={}), "'rlinf'", "make test-rlinf")
+    no_sim = machine(packages={"rlinf": "/site/rlinf"})
+    refused(["simulator=robocasa"], no_sim, "'robocasa'", "github.com/robocasa/robocasa")
+    assets = ["/site/robocasa/models/assets/objects/objaverse"]
+    validate(make_cfg(["simulator=robocasa"]), machine=machine(paths=assets))
 
 
 def test_behavior_needs_an_rtx_gpu():
     refused(["simulator=behavior"], CPU, "simulator=behavior", "NVIDIA GPU")
     refused(["simulator=behavior", "gpu=h100"], H100, "RT cores")
+
+
+def test_behavior_needs_omnigibson_and_its_data_and_whole_worker_chunks():
+    rtx = ["NVIDIA GeForce RTX 4090"]
+    on = machine(gpus=rtx, env={"OMNIGIBSON_DATA_PATH": "/data"})
+    refused(["simulator=behavior", "gpu=rtx4090"], on, "'omnigibson'", "setup.sh")
+    pkgs = {**PKGS, "omnigibson": "/site/omnigibson"}
+    refused(["simulator=behavior", "gpu=rtx4090"], machine(gpus=rtx, packages=pkgs), "OMNIGIBSON")
+    ready = machine(gpus=rtx, packages=pkgs, env={"OMNIGIBSON_DATA_PATH": "/data"})
+    validate(make_cfg(["simulator=behavior", "gpu=rtx4090", "scheduler=async"]), machine=ready)
+    refused(
+        ["simulator=behavior", "gpu=rtx4090", "scheduler=ebrl"],
+        ready,
+        "scheduler.pipeline=false scheduler.step_level=false",
+    )
 
 
 def test_unknown_packages_are_not_checked():
@@ -147,7 +173,14 @@ def test_gpu_policy_target_never_pretends_on_a_gpu(monkeypatch):
     assert isinstance(err, NotImplementedError) and "RLinf" in str(err)
 
 
-def test_external_simulator_target_raises_clearly(monkeypatch):
-    monkeypatch.setattr(external, "local_machine", lambda: machine(packages={}))
-    err = build_error(make_cfg(["simulator=robocasa"]).simulator)
-    assert isinstance(err, external.UnavailableHere) and "'robocasa'" in str(err)
+def test_the_paper_simulators_build_through_rlinfs_classes_and_say_what_is_missing():
+    """RoboCasa and BEHAVIOR are RLinf's own classes behind ebrl's adapter: building one
+    without a GPU, RLinf or the simulator package names what is missing."""
+    robocasa = make_cfg(["simulator=robocasa"]).simulator
+    assert robocasa._target_ == "ebrl.envs.rlinf_env.RLinfEnv" and robocasa.env_type == "robocasa"
+    err = build_error(robocasa)
+    assert "'robocasa'" in str(err) and "github.com/robocasa/robocasa" in str(err)
+    behavior = make_cfg(["simulator=behavior"]).simulator
+    assert behavior.vectorized and behavior.step_mode == "chunk"
+    err = build_error(behavior)
+    assert "simulator=behavior runs only on an NVIDIA GPU" in str(err)

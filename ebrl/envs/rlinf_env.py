@@ -18,9 +18,15 @@ adapter uses ``step`` for that reason.
 :class:`RLinfVecEnvGroup` is the vectorised form (``simulator.vectorized=true``: RLinf's GPU
 ManiSkill with many envs in one instance): one instance for all of an env worker's envs.
 
+``step_mode=chunk`` (with ``vectorized=true``) is for classes that only speak RLinf's chunk
+contract: BEHAVIOR (OmniGibson), whose ``BehaviorEnv`` has ``chunk_step`` and a ``reset()`` of
+every env but no ``step``. A chunk is then one ``chunk_step(actions [N, K, A])``; RLinf reports an
+episode's end at the chunk's last column, so in this mode episodes end at chunk boundaries (as
+RLinf itself trains on them), ebrl's time limit included. A class whose ``reset`` cannot reset
+some envs only resets all of them: the envs whose episodes were cut that way end truncated.
+
 What it does not cover, plainly: image observations (ebrl's policies take the flat state; the
-images are dropped), and classes without RLinf's common constructor (BEHAVIOR's subprocess
-pool).
+images are dropped).
 
 ``registry`` names another ``get_env_cls`` (a dotted path or a callable): the tests use one
 that returns a CPU fake with RLinf's contract.
@@ -31,6 +37,7 @@ from __future__ import annotations
 import inspect
 import time
 from collections.abc import Callable, Mapping
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -38,8 +45,17 @@ import numpy as np
 from ebrl.envs.base import EnvSpec, StepResult
 
 #: RLinf's env types whose class takes the common constructor (cfg, num_envs, seed_offset,
-#: total_num_processes, worker_info); BEHAVIOR's takes a subprocess pool's arguments instead
-COMMON_CONSTRUCTOR = ("maniskill", "libero", "robocasa", "metaworld", "calvin", "robotwin")
+#: total_num_processes, worker_info) and that ebrl builds
+COMMON_CONSTRUCTOR = (
+    "maniskill", "libero", "robocasa", "metaworld", "calvin", "robotwin", "behavior",
+)  # fmt: skip
+#: env types whose class reads its env worker's place in RLinf's worker group (``worker_info``)
+#: and the worker's env count (``cfg.total_num_envs``): BEHAVIOR sizes its shared subprocess
+#: pool from them. ebrl's env worker is a group of one: ``group_world_size=1``.
+NEEDS_WORKER_INFO = ("behavior",)
+#: how a group steps its instance: ``step`` (one ``step`` per action) or ``chunk`` (one
+#: ``chunk_step`` per chunk: RLinf's chunk contract, episode ends at chunk boundaries)
+STEP_MODES = ("step", "chunk")
 
 GetEnvCls = Callable[[str, Any], type]
 
@@ -89,6 +105,10 @@ def _build(
     cfg.auto_reset = False  # ebrl resets each env itself, with its own seeds
     if "init_params" in cfg:
         cfg.init_params.num_envs = num_envs
+    worker_info = None
+    if env_type in NEEDS_WORKER_INFO:
+        cfg.total_num_envs = num_envs
+        worker_info = SimpleNamespace(rank=0, world_size=1, group_world_size=1)
     try:
         cls = get_env_cls(env_type, cfg)
     except ImportError as e:  # the simulator RLinf wraps is not installed
@@ -102,7 +122,32 @@ def _build(
             "constructor (cfg, num_envs, seed_offset, total_num_processes, worker_info), so "
             "ebrl cannot build it; types it can: " + ", ".join(COMMON_CONSTRUCTOR)
         )
-    return cls(cfg, num_envs, int(seed_offset), 1, None)
+    return cls(cfg, num_envs, int(seed_offset), 1, worker_info)
+
+
+def _preflight(env_type: str, node: Mapping[str, Any]) -> None:
+    """What the simulator node says it needs, checked before RLinf builds anything (validate()
+    checks it earlier; a direct build gets the same answer): a usable GPU, and the simulator
+    package RLinf's class wraps."""
+    import importlib.util
+
+    name = node.get("name") or env_type
+    if node.get("requires_gpu"):
+        import torch
+
+        if not torch.cuda.is_available():
+            raise RuntimeError(
+                f"simulator={name} runs only on an NVIDIA GPU and torch sees none here "
+                "(torch.cuda.is_available() is False): run it on a GPU node; on CPU use "
+                "simulator=pushcube or simulator=rlinf_maniskill"
+            )
+    package = node.get("sim_package")
+    if package and importlib.util.find_spec(package) is None:
+        raise RuntimeError(
+            f"simulator={name}: RLinf's {env_type!r} env needs the Python package "
+            f"'{package}', which this interpreter cannot import: "
+            f"{node.get('sim_install') or 'install it'} (in the venv that runs RLinf)"
+        )
 
 
 def _states(obs: Any, n: int, obs_key: str, env_type: str) -> np.ndarray:  # -> [n, O] float32
@@ -181,6 +226,7 @@ class RLinfEnv:
         self.env_type = env_type
         self.obs_key = obs_key
         self.max_episode_steps = int(max_episode_steps)
+        _preflight(env_type, _node)
         self.env = _build(env_type, env_cfg, registry, 1, env_id)
         reset = inspect.signature(self.env.reset).parameters
         self._seeded = "seed" in reset
@@ -236,22 +282,31 @@ class RLinfEnv:
 
 class RLinfVecEnvGroup:
     """The envs of one env worker as ONE vectorised RLinf instance (``num_envs = len(env_ids)``):
-    RLinf's GPU ManiSkill and the other envs whose class steps many envs in one call.
+    RLinf's GPU ManiSkill, BEHAVIOR, and the other envs whose class steps many envs in one call.
 
     It has :class:`~ebrl.envs.base.EnvGroup`'s surface (``reset``, ``observe``, ``step_chunk``,
     ``step_latency``, ``close``, ``spec``, ``env_ids``, ``sim_seconds``) with one constraint a
     vectorised simulator imposes: a chunk steps every env of the group together, so
     ``step_chunk`` takes chunks for all of them and ``step_one`` (EBRL's step level) is refused.
-    Each of the K actions is one ``step(actions [N, A], auto_reset=False)``; an env whose episode
-    ends inside the chunk keeps receiving the rest of its chunk (the instance cannot pause one
-    env), but those steps are neither counted nor returned: its outcome stops at the step its
-    episode ended, as in an ``EnvGroup``. The envs that ended are reset together at the chunk's
-    end (``reset(seed=[...], options={"env_idx": ...})``, each with ebrl's seed for its next
-    episode; the seed list covers every env of the instance, as ManiSkill expects).
+
+    ``step_mode="step"``: each of the K actions is one ``step(actions [N, A], auto_reset=False)``;
+    an env whose episode ends inside the chunk keeps receiving the rest of its chunk (the
+    instance cannot pause one env), but those steps are neither counted nor returned: its outcome
+    stops at the step its episode ended, as in an ``EnvGroup``. ``step_mode="chunk"``: the chunk
+    is one ``chunk_step(actions [N, K, A])`` (RLinf's chunk contract), whose episode ends come at
+    the chunk's last column: every env's outcome has K steps, and an episode ends at the end of
+    the chunk in which RLinf or ebrl's time limit ends it.
+
+    The envs that ended are reset together at the chunk's end, as the class allows:
+    ``reset(seed=[...], options={"env_idx": ...})`` (ManiSkill; each with ebrl's seed for its next
+    episode, the list covering every env of the instance, as ManiSkill expects), ``reset(env_idx=
+    ...)`` (RoboCasa: its own initial states), or ``reset()`` of every env (BEHAVIOR): the envs
+    that had not ended then end truncated, their episodes cut by the reset.
 
     Args:
         env_ids: the global ids of this worker's envs (the instance's envs, in order).
         seed, reset_group_size, stream: as :class:`~ebrl.envs.base.EnvGroup`'s.
+        step_mode: ``step`` or ``chunk`` (above).
         everything else: as :class:`RLinfEnv`'s.
     """
 
@@ -265,6 +320,7 @@ class RLinfVecEnvGroup:
         max_episode_steps: int,
         reset_group_size: int = 1,
         stream: int = 0,
+        step_mode: str = "step",
         obs_key: str = "states",
         action_dim: int | None = None,
         action_low: float = -1.0,
@@ -278,9 +334,24 @@ class RLinfVecEnvGroup:
 
         if not env_ids:
             raise ValueError("RLinfVecEnvGroup: need at least one env id")
+        if step_mode not in STEP_MODES:
+            raise ValueError(f"simulator.step_mode={step_mode!r}: choose {' or '.join(STEP_MODES)}")
         n = len(env_ids)
+        _preflight(env_type, _node)
         self.env = _build(env_type, env_cfg, registry, n, env_ids[0])
-        self.env_type, self.obs_key = env_type, obs_key
+        self.env_type, self.obs_key, self.step_mode = env_type, obs_key, step_mode
+        if step_mode == "chunk" and not callable(getattr(self.env, "chunk_step", None)):
+            raise RuntimeError(
+                f"simulator.step_mode=chunk: RLinf env type {env_type!r} "
+                f"({type(self.env).__name__}) has no chunk_step; use step_mode=step"
+            )
+        params = inspect.signature(self.env.reset).parameters
+        #: how the class resets some envs: options["env_idx"] + seeds, env_idx, or all of them
+        self._reset_kind = (
+            "options" if "options" in params and "seed" in params
+            else "env_idx" if "env_idx" in params
+            else "all"
+        )  # fmt: skip
         self.env_ids = torch.as_tensor(env_ids, dtype=torch.int64)
         self._local = {int(g): i for i, g in enumerate(env_ids)}
         self.seed, self.stream = seed, stream
@@ -293,7 +364,8 @@ class RLinfVecEnvGroup:
         self._lat = np.zeros(LATENCY_WINDOW, dtype=np.float64)  # one instance: one latency
         self._lat_steps = 0
         self._seed_now = np.zeros(n, dtype=np.int64)  # each env's current episode seed
-        self._obs = _states(self._reset_rows(np.arange(n)), n, self.obs_key, self.env_type)
+        obs, _ = self._reset_rows(np.arange(n))
+        self._obs = _states(obs, n, self.obs_key, self.env_type)
         adim = action_dim if action_dim is not None else _action_dim(self.env, env_type)
         self.spec = EnvSpec(
             obs_dim=int(self._obs.shape[1]),
@@ -319,19 +391,27 @@ class RLinfVecEnvGroup:
             for i in rows
         ]
 
-    def _reset_rows(self, rows: np.ndarray) -> Any:
-        """Reset ``rows`` (all of them: a fresh start) with ebrl's seeds; the observation of
-        every env of the instance. The seed list always has one seed per env of the instance
-        (the others keep their episode's): ManiSkill replaces its whole per-env seed array
-        with it, also on a partial reset (``options["env_idx"]``)."""
+    def _reset_rows(self, rows: np.ndarray) -> tuple[Any, np.ndarray]:
+        """Reset ``rows`` (all of them: a fresh start); the observation of every env of the
+        instance and the rows the class really reset (every row, for a class that can only
+        reset all). With seeds, the seed list always has one seed per env of the instance (the
+        others keep their episode's): ManiSkill replaces its whole per-env seed array with it,
+        also on a partial reset (``options["env_idx"]``)."""
         import torch
 
+        n = len(self)
+        if self._reset_kind == "all" or (len(rows) == n and self._reset_kind == "env_idx"):
+            obs, _ = self.env.reset()
+            return obs, np.arange(n)
+        if self._reset_kind == "env_idx":
+            obs, _ = self.env.reset(env_idx=[int(r) for r in rows])
+            return obs, rows
         self._seed_now[rows] = self._seeds(rows)
         options: dict[str, Any] = {}
-        if len(rows) < len(self):
+        if len(rows) < n:
             options["env_idx"] = torch.as_tensor(rows, dtype=torch.int64)
         obs, _ = self.env.reset(seed=[int(x) for x in self._seed_now], options=options)
-        return obs
+        return obs, rows
 
     def reset(self):
         import torch
@@ -339,9 +419,8 @@ class RLinfVecEnvGroup:
         t0 = time.perf_counter()
         self.episode_id[:] = 0
         self.episode_step[:] = 0
-        self._obs = _states(
-            self._reset_rows(np.arange(len(self))), len(self), self.obs_key, self.env_type
-        )
+        obs, _ = self._reset_rows(np.arange(len(self)))
+        self._obs = _states(obs, len(self), self.obs_key, self.env_type)
         self.sim_seconds += time.perf_counter() - t0
         return torch.from_numpy(self._obs.copy())
 
@@ -358,10 +437,65 @@ class RLinfVecEnvGroup:
             "set scheduler.step_level=false (and scheduler.pipeline=false)"
         )
 
-    def step_chunk(self, chunk):
+    def _record_latency(self, seconds: float, steps: int = 1) -> None:
+        from ebrl.envs.base import LATENCY_WINDOW
+
+        for _ in range(steps):
+            self._lat[self._lat_steps % LATENCY_WINDOW] = seconds / steps
+            self._lat_steps += 1
+
+    def _by_step(self, actions: np.ndarray, out: Any) -> None:
+        """Fill ``out`` with one ``step`` per action; an env stops counting where it ended."""
         import torch
 
-        from ebrl.envs.base import LATENCY_WINDOW, _Outcome
+        n, k, _ = actions.shape
+        live = np.ones(n, dtype=bool)
+        for j in range(k):
+            ts = time.perf_counter()
+            obs, reward, term, trunc, infos = self.env.step(
+                torch.from_numpy(np.ascontiguousarray(actions[:, j])), auto_reset=False
+            )
+            self._record_latency(time.perf_counter() - ts)
+            states = _states(obs, n, self.obs_key, self.env_type)
+            r = _as_np(reward, n, np.float32)
+            te, tr = _as_np(term, n, bool), _as_np(trunc, n, bool)
+            su = _success(infos, n)
+            steps = self.episode_step + out.n_steps + 1
+            tr = tr | (steps >= self.max_episode_steps)
+            out.reward[live, j] = r[live]
+            out.success[live] |= su[live]
+            out.final_obs[live] = states[live]
+            ended = live & (te | tr)
+            out.terminated[ended] = te[ended]
+            out.truncated[ended] = tr[ended] & ~te[ended]
+            out.n_steps[live] += 1
+            live &= ~ended
+            if not live.any():
+                break
+
+    def _by_chunk(self, actions: np.ndarray, out: Any) -> None:
+        """Fill ``out`` with one ``chunk_step``: K steps for every env, ends at the last one."""
+        import torch
+
+        n, k, _ = actions.shape
+        ts = time.perf_counter()
+        obs_list, reward, term, trunc, infos_list = self.env.chunk_step(
+            torch.from_numpy(np.ascontiguousarray(actions))
+        )
+        self._record_latency(time.perf_counter() - ts, k)
+        out.reward[:] = _as_2d(reward, n, k, np.float32)
+        te = _as_2d(term, n, k, bool).any(axis=1)
+        tr = _as_2d(trunc, n, k, bool).any(axis=1)
+        tr |= self.episode_step + k >= self.max_episode_steps
+        for infos in infos_list:
+            out.success |= _success(infos, n)
+        out.final_obs[:] = _states(obs_list[-1], n, self.obs_key, self.env_type)
+        out.terminated[:] = te
+        out.truncated[:] = tr & ~te
+        out.n_steps[:] = k
+
+    def step_chunk(self, chunk):
+        from ebrl.envs.base import _Outcome
 
         ids = [int(g) for g in chunk.env_ids]
         if ids != [int(g) for g in self.env_ids]:
@@ -376,41 +510,21 @@ class RLinfVecEnvGroup:
         out = _Outcome.empty(n, k, self.spec.obs_dim)
         out.episode_id[:] = self.episode_id
         out.episode_step[:] = self.episode_step
-        live = np.ones(n, dtype=bool)
         t0 = time.perf_counter()
-        for j in range(k):
-            ts = time.perf_counter()
-            obs, reward, term, trunc, infos = self.env.step(
-                torch.from_numpy(np.ascontiguousarray(actions[:, j])), auto_reset=False
-            )
-            self._lat[self._lat_steps % LATENCY_WINDOW] = time.perf_counter() - ts
-            self._lat_steps += 1
-            states = _states(obs, n, self.obs_key, self.env_type)
-            r = _as_np(reward, n, np.float32)
-            te, tr = _as_np(term, n, bool), _as_np(trunc, n, bool)
-            su = _as_np(
-                infos.get("success", False) if isinstance(infos, Mapping) else False, n, bool
-            )
-            steps = self.episode_step + out.n_steps + 1
-            tr = tr | (steps >= self.max_episode_steps)
-            out.reward[live, j] = r[live]
-            out.success[live] |= su[live]
-            out.final_obs[live] = states[live]
-            ended = live & (te | tr)
-            out.terminated[ended] = te[ended]
-            out.truncated[ended] = tr[ended] & ~te[ended]
-            out.n_steps[live] += 1
-            live &= ~ended
-            if not live.any():
-                break
+        (self._by_chunk if self.step_mode == "chunk" else self._by_step)(actions, out)
         done = out.terminated | out.truncated
         self.episode_step += out.n_steps
         nxt = out.final_obs.copy()
         if done.any():
-            rows = np.flatnonzero(done)
-            self.episode_id[rows] += 1
-            self.episode_step[rows] = 0
-            nxt[rows] = _states(self._reset_rows(rows), n, self.obs_key, self.env_type)[rows]
+            self.episode_id[done] += 1  # the reset seeds are the next episodes'
+            obs, rows = self._reset_rows(np.flatnonzero(done))
+            cut = np.zeros(n, dtype=bool)
+            cut[rows] = ~done[rows]  # reset with the others, their episodes cut short
+            out.truncated[cut] = True
+            self.episode_id[cut] += 1
+            done |= cut
+            self.episode_step[done] = 0
+            nxt[rows] = _states(obs, n, self.obs_key, self.env_type)[rows]
         self._obs = nxt
         out.next_obs[:] = nxt
         self.sim_seconds += time.perf_counter() - t0
@@ -426,6 +540,26 @@ class RLinfVecEnvGroup:
 
     def close(self) -> None:
         _close(self.env)
+
+
+def _as_2d(x: Any, n: int, k: int, dtype: Any) -> np.ndarray:
+    """A chunk's per-step value (tensor or array ``[n, k]``) as an ``[n, k]`` array."""
+    if hasattr(x, "detach"):
+        x = x.detach().cpu().numpy()
+    return np.asarray(x, dtype=dtype).reshape(n, k).copy()
+
+
+def _success(infos: Any, n: int) -> np.ndarray:
+    """Each env's success in one step's infos: ``infos["success"]`` (ManiSkill, LIBERO) or
+    ``infos["episode"]["success_once"]`` (BEHAVIOR's metrics); False where neither is given."""
+    if not isinstance(infos, Mapping):
+        return np.zeros(n, dtype=bool)
+    if "success" in infos:
+        return _as_np(infos["success"], n, bool)
+    episode = infos.get("episode")
+    if isinstance(episode, Mapping) and "success_once" in episode:
+        return _as_np(episode["success_once"], n, bool)
+    return np.zeros(n, dtype=bool)
 
 
 def _as_np(x: Any, n: int, dtype: Any) -> np.ndarray:

@@ -351,7 +351,11 @@ def profile_for_run(
         return prof
     chunk = int(factory.cfg.get("chunk_size", policy.spec.chunk_size))
     sim = profile(
-        sim_stage_fn(lambda i: factory.make_env(i, probe=True), chunk_size=chunk, decisions=True),
+        sim_stage_fn(
+            make_group=lambda ids: factory.group(ids, probe=True, seed=0),
+            chunk_size=chunk,
+            decisions=True,
+        ),
         [1],
         [sim_group],
         repeats,

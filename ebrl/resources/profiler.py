@@ -419,7 +419,11 @@ def train_stage_fn(
 
 
 def sim_stage_fn(
-    make_env: Callable[[int], Any], chunk_size: int = 4, seed: int = 0, decisions: bool = False
+    make_env: Callable[[int], Any] | None = None,
+    chunk_size: int = 4,
+    seed: int = 0,
+    decisions: bool = False,
+    make_group: Callable[[list[int]], Any] | None = None,
 ) -> StageFn:
     """Simulation throughput (env steps/s) of one env group of ``B`` envs in this process.
 
@@ -427,19 +431,28 @@ def sim_stage_fn(
     pins (share cores), which is what a sim process gets from a plan.
 
     Args:
-        make_env: env id -> an :class:`ebrl.envs.base.Env`.
+        make_env: env id -> an :class:`ebrl.envs.base.Env` (an EnvGroup of them is timed).
         chunk_size: K actions per env per step.
         seed: reset seeds and random actions.
         decisions: count decisions (one action chunk per env per step, the unit of gen and
             train) instead of env steps.
+        make_group: env ids -> the group to time, instead of ``make_env`` (the run's own group:
+            one vectorised instance for a vectorised simulator).
     """
     from ebrl.envs.base import EnvGroup
     from ebrl.types import ActionChunk
 
+    if (make_env is None) == (make_group is None):
+        raise ValueError("sim_stage_fn: give make_env or make_group")
+
     def make(cores: int, batch: int) -> Step:
         allowed = sorted(os.sched_getaffinity(0))
         pin(0, allowed[: max(1, min(cores, len(allowed)))])
-        group = EnvGroup([make_env(i) for i in range(batch)], list(range(batch)), seed=seed)
+        ids_ = list(range(batch))
+        if make_group is not None:
+            group = make_group(ids_)
+        else:
+            group = EnvGroup([make_env(i) for i in ids_], ids_, seed=seed)  # type: ignore[misc]
         group.reset()
         spec = group.spec
         rng = np.random.default_rng(seed)

@@ -75,33 +75,41 @@ class StageFactory:
             kwargs.update({k: None for k in self.FAULTS if k in params})
         return instantiate(sim, **kwargs)
 
-    def sim(self, env_ids: list[int], incarnation: int = 0) -> SimStage:
-        """The env group of ``env_ids``; ``incarnation`` > 0 for a replacement of a dead env
-        worker (its resets draw from a stream of their own, not its predecessor's again)."""
+    def group(
+        self, env_ids: list[int], stream: int = 0, probe: bool = False, seed: int | None = None
+    ) -> Any:
+        """The env group of ``env_ids`` (resets from ``seed``, default the run's, on
+        ``stream``): an :class:`~ebrl.envs.base.EnvGroup` of one env per id, or, for a
+        vectorised simulator (RLinf's GPU envs, BEHAVIOR), ONE instance for all of them
+        (:class:`~ebrl.envs.rlinf_env.RLinfVecEnvGroup`, the same surface). ``probe``: a copy
+        for timing (:meth:`make_env`)."""
         # GRPO's groups share initial states: reset them with common seeds
         reset_group = int(self.cfg["algo"]["cfg"].get("group_size", 1))
-        stream = self.start_version + (incarnation << 32)
+        seed = int(self.cfg["seed"]) if seed is None else int(seed)
         sim = self.cfg["simulator"]
-        if sim.get("vectorized"):  # one instance steps all of this worker's envs (RLinf's GPU envs)
+        if sim.get("vectorized"):
             from ebrl.envs.rlinf_env import RLinfVecEnvGroup
 
             node = {k: v for k, v in sim.items() if k not in ("_target_", "vectorized")}
-            vec = RLinfVecEnvGroup(
+            return RLinfVecEnvGroup(
                 env_ids=list(env_ids),
-                seed=int(self.cfg["seed"]),
+                seed=seed,
                 reset_group_size=reset_group,
                 stream=stream,
                 **node,
             )
-            return SimStage(vec)  # type: ignore[arg-type]  (EnvGroup's surface)
-        group = EnvGroup(
-            [self.make_env(i) for i in env_ids],
+        return EnvGroup(
+            [self.make_env(i, probe=probe) for i in env_ids],
             env_ids,
-            seed=int(self.cfg["seed"]),
+            seed=seed,
             reset_group_size=reset_group,
             stream=stream,
         )
-        return SimStage(group)
+
+    def sim(self, env_ids: list[int], incarnation: int = 0) -> SimStage:
+        """The sim stage of ``env_ids``; ``incarnation`` > 0 for a replacement of a dead env
+        worker (its resets draw from a stream of their own, not its predecessor's again)."""
+        return SimStage(self.group(env_ids, stream=self.start_version + (incarnation << 32)))
 
     # -- gen / train ----------------------------------------------------------------------------
     def policy(self) -> Policy:

@@ -281,13 +281,12 @@ def shape_probes(
     learner update (every epoch and minibatch of a segment) on ``train_threads``."""
     import numpy as np
 
-    from ebrl.envs.base import EnvGroup
     from ebrl.resources.profiler import gen_stage_fn, train_stage_fn
 
     cfg = factory.cfg
     ppo = ppo_config(cfg)
     ids = list(range(sim_envs))
-    group = EnvGroup([factory.make_env(i, probe=True) for i in ids], ids, seed=int(cfg["seed"]))
+    group = factory.group(ids, probe=True)
     group.reset()
     spec = group.spec
     chunk = int(cfg["chunk_size"])
