@@ -81,12 +81,17 @@ CONFIGS: dict[str, tuple[list[str], int]] = {
     # EBRL (all three levels, k=1) with single actions, against k1: four times the generator
     # calls of K=4, so generation is worth overlapping with the MLP policy too, and k1's seeds
     # agree closely enough to tell "within 5 points" from noise
+    # (the levels pinned on, as every EBRL run was before the resource manager chose its shape,
+    # 2026-12-02; the shape search only runs for one replica, so ebrl-k1-r2l2 would otherwise
+    # run another shape than its reference)
     "ebrl-k1": (
         [
             "policy=mlp",
             "chunk_size=1",
             "scheduler=ebrl",
             "scheduler.staleness=1",
+            "scheduler.pipeline=true",
+            "scheduler.step_level=true",
             "threads.train=1",
         ],
         150_000,
@@ -99,6 +104,8 @@ CONFIGS: dict[str, tuple[list[str], int]] = {
             "chunk_size=1",
             "scheduler=ebrl",
             "scheduler.staleness=1",
+            "scheduler.pipeline=true",
+            "scheduler.step_level=true",
             "scheduler.gen_replicas=2",
             "scheduler.learner_ranks=2",
             "threads.train=1",
