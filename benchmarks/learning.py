@@ -56,6 +56,16 @@ def _ebrl(k: int) -> list[str]:
     return [*K4, "scheduler=ebrl", f"scheduler.staleness={k}", "threads.train=1"]
 
 
+#: EBRL (k=1, its levels pinned on) with single actions: ebrl-k1, and its scaled-out twin
+EBRL_K1 = [
+    "policy=mlp",
+    "chunk_size=1",
+    "scheduler=ebrl",
+    "scheduler.staleness=1",
+    "scheduler.pipeline=true",
+    "scheduler.step_level=true",
+    "threads.train=1",
+]
 #: name -> (overrides, env-step budget). MLP policy (the transformer is for throughput studies:
 #: it learns too slowly on 2 cores).
 CONFIGS: dict[str, tuple[list[str], int]] = {
@@ -84,32 +94,11 @@ CONFIGS: dict[str, tuple[list[str], int]] = {
     # (the levels pinned on, as every EBRL run was before the resource manager chose its shape,
     # 2026-12-02; the shape search only runs for one replica, so ebrl-k1-r2l2 would otherwise
     # run another shape than its reference)
-    "ebrl-k1": (
-        [
-            "policy=mlp",
-            "chunk_size=1",
-            "scheduler=ebrl",
-            "scheduler.staleness=1",
-            "scheduler.pipeline=true",
-            "scheduler.step_level=true",
-            "threads.train=1",
-        ],
-        150_000,
-    ),
+    "ebrl-k1": (EBRL_K1, 150_000),
     # ebrl-k1 scaled out (issue 16): 2 generator replicas and a 2-rank gloo learner, each rank
     # on 1 thread; it must learn as ebrl-k1 does (the same updates, computed by two processes)
     "ebrl-k1-r2l2": (
-        [
-            "policy=mlp",
-            "chunk_size=1",
-            "scheduler=ebrl",
-            "scheduler.staleness=1",
-            "scheduler.pipeline=true",
-            "scheduler.step_level=true",
-            "scheduler.gen_replicas=2",
-            "scheduler.learner_ranks=2",
-            "threads.train=1",
-        ],
+        [*EBRL_K1, "scheduler.gen_replicas=2", "scheduler.learner_ranks=2"],
         150_000,
     ),
 }
