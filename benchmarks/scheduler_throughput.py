@@ -155,7 +155,11 @@ def run(
         )
         s["shape_profile_s"] = chosen["profile_s"] + chosen["search_s"]
         rec = chosen.get("recalibration")
-        if rec is not None:  # measured in the run: the machine's effective cores, maybe moved
+        if rec is not None:  # measured in the run: the shortlist's rates, the shape kept
+            s["shape_trials"] = ", ".join(
+                f"{describe_shape(t)} {t['env_steps_per_s']:.0f}" for t in rec.get("trials", [])
+            )
+            s["shape_trial_s"] = rec.get("trial_s", 0.0)
             s["shape_cores_effective"] = rec["cores_effective"]
             s["shape_after"] = describe_shape(rec["after"])
             s["shape_measured"] = rec["measured"]
@@ -286,14 +290,17 @@ def main() -> None:
                 f"the model's predicted / measured throughput: {bootstrap_ci(err).fmt('.2f')}",
             ]
         refit = [r for r in shaped if "shape_cores_effective" in r]
-        if refit:  # the model refit to the run's own rate, and where that moved the run
+        if refit:  # the shortlist measured in the run, the shape kept, the model refit to it
             cores = np.array([r["shape_cores_effective"] for r in refit])
             after = np.array([r["shape_refit_predicted"] / r["throughput_e2e"] for r in refit])
+            trial_s = np.array([r["shape_trial_s"] for r in refit])
             lines += [
-                "measured in the run: effective cores "
-                + bootstrap_ci(cores).fmt(".2f")
-                + "; shape after it per seed: "
-                + ", ".join(f"s{r['seed']} {r['shape_after']}" for r in refit),
+                "measured in the run (env steps/s per shape, one after the other): "
+                + "; ".join(f"s{r['seed']} {r['shape_trials']}" for r in refit),
+                f"the trials' seconds: {bootstrap_ci(trial_s).fmt('.1f')}; the shape kept per "
+                "seed: " + ", ".join(f"s{r['seed']} {r['shape_after']}" for r in refit),
+                "effective cores of the model refit to the kept shape: "
+                + bootstrap_ci(cores).fmt(".2f"),
                 "the refit model's predicted / measured throughput: "
                 + bootstrap_ci(after).fmt(".2f"),
             ]
@@ -322,6 +329,8 @@ def main() -> None:
         "shape_predicted",
         "shape_profile_s",
         "shape_cores_effective",
+        "shape_trials",
+        "shape_trial_s",
         "shape_after",
         "shape_measured",
         "shape_refit_predicted",

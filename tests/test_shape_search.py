@@ -244,24 +244,94 @@ def test_fit_cores_finds_the_capacity_that_explains_a_measured_rate() -> None:
     assert fit_cores(c, WORK, shape, 10 * full) == WORK.cores  # faster than the model can be
 
 
-def test_recalibration_moves_the_run_when_capacity_changes_the_ranking() -> None:
-    """Simulators busy on 2 cores with a cheap generator: pipelining wins on paper; a run that
-    measures far less (its cores are really ~1) finds one group better, and moves to it."""
-    from ebrl.resources.shape import SteadyRate, recalibrate
+def test_the_shortlist_holds_the_choice_the_close_ones_and_one_group_in_lock_step() -> None:
+    """Simulators waiting with a tail: the model's choice runs first, then the shapes predicted
+    within 10% of the best, and last the simplest candidate (the Async schedule), whatever the
+    model predicts for it: a schedule the search contains is always measured."""
+    from ebrl.resources.shape import shortlist
+
+    choice = search(costs(tail=3.0, busy=0.05), WORK, None, None, None, 0.005)
+    short = shortlist(choice)
+    assert short[0] == choice.shape and short[-1] == Shape(1, False, 16, 0.005)
+    assert 2 <= len(short) <= 3 and len(set(short)) == len(short)
+    best = choice.ranked[0].throughput
+    by = {p.shape: p.throughput for p in choice.ranked}
+    assert all(by[s] >= 0.9 * best for s in short[1:-1])
+    assert shortlist(choice, most=1) == (choice.shape,)
+    # where the choice is the simplest shape, it is not measured twice
+    lock = search(costs(busy=1.0, gen_fixed=0.05), WORK, None, None, None, 0.005)
+    assert lock.shape == Shape(1, False, 16, 0.005)
+    assert shortlist(lock).count(lock.shape) == 1
+
+
+def test_trials_measure_each_shape_in_turn_and_keep_the_fastest() -> None:
+    """After one start-up update, each shape runs ``updates`` updates, timed from the reports'
+    arrival; the run moves to the next, and at the end to the fastest (here the second)."""
+    from ebrl.resources.shape import ShapeTrials
+
+    a, b, c = Shape(1, False, 16), Shape(2, False, 8), Shape(1, True, 8)
+    t = ShapeTrials((a, b, c), skip=1, updates=2, settle=0)
+    moves = []
+    # start-up at t=1; a: 2 updates of 100 steps in 2 s; b: in 1 s; c: in 4 s
+    for at in (1.0, 2.0, 3.0, 3.5, 4.0, 6.0, 8.0, 9.0, 10.0):
+        moves.append(t.add(at, 100))
+    assert moves == [None, None, b, None, c, None, b, None, None]
+    assert t.done and t.winner is not None and t.winner.shape == b
+    assert [x.rate for x in t.trials] == pytest.approx([100.0, 200.0, 50.0])
+    assert t.seconds == pytest.approx(7.0)
+    # the last shape measured is the fastest: no move at the end
+    t2 = ShapeTrials((a, b), skip=1, updates=1, settle=0)
+    assert [t2.add(at, 100) for at in (0.0, 2.0, 2.5, 3.0)] == [None, b, None, None]
+    assert t2.winner.shape == b
+
+
+def test_the_update_after_a_move_is_not_measured() -> None:
+    """With overlap the first report interval after a move still holds the old shape's
+    decisions: it settles, unmeasured (here it is fast, and would have made b the winner)."""
+    from ebrl.resources.shape import ShapeTrials
+
+    a, b = Shape(1, False, 16), Shape(2, False, 8)
+    t = ShapeTrials((a, b), skip=1, updates=1, settle=1)
+    assert [t.add(at, 100) for at in (0.0, 1.0, 1.1, 3.1)] == [None, b, None, a]
+    assert [x.rate for x in t.trials] == pytest.approx([100.0, 50.0])
+    assert t.winner.shape == a and t.seconds == pytest.approx(3.1)
+
+
+def test_recalibration_keeps_the_fastest_measured_shape_and_refits_the_model_to_it() -> None:
+    """Simulators busy on 2 cores with a cheap generator: pipelining wins on paper; a run whose
+    cores are really ~1 measures one group faster, keeps it, and the refit model finds the
+    capacity (~1 core) that explains that rate."""
+    from ebrl.resources.shape import Trial, recalibrate
 
     c = costs(busy=1.0, gen_fixed=0.01)
     choice = search(c, WORK, None, False, None, 0.005)
     assert choice.shape == Shape(2, False, 8, 0.005)  # on paper: two groups pay
     one = dataclasses.replace(WORK, cores=1.0)
-    measured = simulate(c, one, choice.shape).throughput
-    rec = recalibrate(choice, measured)
-    assert rec.cores == pytest.approx(1.0, abs=0.02)
-    assert rec.after == Shape(1, False, 16, 0.005) and rec.changed
-    assert rec.metrics()["shape/reshaped"] == 1.0
-    same = recalibrate(choice, choice.predicted())  # the model was right: nothing moves
-    assert not same.changed and same.cores == pytest.approx(WORK.cores, abs=0.05)
+    lock = Shape(1, False, 16, 0.005)
+    rates = {s: simulate(c, one, s).throughput for s in (choice.shape, lock)}
+    assert rates[lock] > rates[choice.shape]
+    trials = [Trial(s, 1, 10.0, int(rates[s] * 10)) for s in (choice.shape, lock)]
+    rec = recalibrate(choice, trials, 20.0)
+    assert rec.after == lock and rec.changed and rec.measured == pytest.approx(rates[lock], 0.01)
+    assert rec.cores == pytest.approx(1.0, abs=0.05)
+    m = rec.metrics()
+    assert m["shape/reshaped"] == 1.0 and m["shape/trials"] == 2.0 and m["shape/trial_s"] == 20.0
+    assert m["shape/final_env_groups"] == 1.0 and m["shape/final_step_level"] == 0.0
+    assert [t["env_groups"] for t in rec.to_dict()["trials"]] == [2, 1]
+    kept = recalibrate(choice, [Trial(choice.shape, 1, 1.0, 999), Trial(lock, 1, 1.0, 10)])
+    assert not kept.changed
+    with pytest.raises(ValueError, match="no shape was measured"):
+        recalibrate(choice, [Trial(lock)])
 
-    meter = SteadyRate(warmup=2, window=2)
-    assert [meter.add(t, 100) for t in (1.0, 2.0, 3.0)] == [None, None, None]
-    assert meter.add(5.0, 100) == pytest.approx(200 / 3.0)  # updates 3-4, from t=2 to t=5
-    assert meter.add(6.0, 100) is None  # once
+
+def test_trial_windows_scale_to_the_run() -> None:
+    from ebrl.resources.manager import trial_updates
+
+    assert trial_updates(3, {"budget": {"iterations": 10}}, 3) == 1  # a 10-update CPU run
+    # a quarter of the run for the trials and the updates that settle after each move
+    assert trial_updates(3, {"budget": {"iterations": 40}}, 3) == 2  # (10 - 2) // 3
+    assert trial_updates(3, {"budget": {"iterations": 100}}, 3) == 3
+    assert trial_updates(3, {"budget": {"iterations": 16}}, 2) == 1
+    # an env-step budget: 200k steps of 16 envs x 50 steps = 250 updates
+    cfg = {"budget": {"env_steps": 200_000}, "num_envs": 16, "rollout_steps": 50}
+    assert trial_updates(5, cfg, 3) == 5

@@ -130,20 +130,32 @@ class ResourceSettings(ResourcesNode):
         return cls(**kw)
 
 
-def scaled_patience(patience: int | None, cfg: Mapping[str, Any]) -> int:
-    """Updates a divergence must last before the split is searched again: ``patience`` when
-    set, else a tenth of the run's updates, between 2 and 20, so that a drift can fire in a
-    10-update CPU sweep as in a 10-hour cluster run. The run's updates: ``budget.iterations``,
-    or its env-step budget over the env steps of one update (whichever ends it first)."""
-    if patience is not None:
-        return int(patience)
+def run_updates(cfg: Mapping[str, Any], default: int = 200) -> int:
+    """The run's updates: ``budget.iterations``, or its env-step budget over the env steps of
+    one update (whichever ends it first); ``default`` when neither is set."""
     budget = cfg.get("budget") or {}
     per_update = int(cfg.get("num_envs", 1)) * max(1, int(cfg.get("rollout_steps", 1)))
     limits = [budget.get("iterations"), None]
     if budget.get("env_steps"):
         limits[1] = math.ceil(int(budget["env_steps"]) / max(1, per_update))
-    updates = min((int(x) for x in limits if x), default=200)
-    return max(2, min(20, updates // 10))
+    return min((int(x) for x in limits if x), default=default)
+
+
+def scaled_patience(patience: int | None, cfg: Mapping[str, Any]) -> int:
+    """Updates a divergence must last before the split is searched again: ``patience`` when
+    set, else a tenth of the run's updates (:func:`run_updates`), between 2 and 20, so that a
+    drift can fire in a 10-update CPU sweep as in a 10-hour cluster run."""
+    if patience is not None:
+        return int(patience)
+    return max(2, min(20, run_updates(cfg) // 10))
+
+
+def trial_updates(window: int, cfg: Mapping[str, Any], shapes: int, settle: int = 1) -> int:
+    """Updates each of ``shapes`` shortlisted shapes is measured for in the run: ``window`` at
+    most, fewer where the trials (each also ``settle`` updates after its move) would take more
+    than a quarter of the run's updates (:func:`run_updates`), and at least one."""
+    n = max(1, shapes)
+    return max(1, min(window, (run_updates(cfg) // 4 - settle * (n - 1)) // n))
 
 
 def gen_batch_candidates(group_size: int) -> tuple[int, ...]:

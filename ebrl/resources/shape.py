@@ -258,19 +258,145 @@ def gen_batches_for(work: Workload) -> list[int]:
     return sorted(sizes)
 
 
+#: shapes the run measures in situ: the model's choice, the others it predicts within this
+#: share of the best, and the simplest candidate (one group in lock step, the Async schedule)
+TRIAL_BAND = 0.10
+#: at most this many shapes are measured in situ
+TRIAL_MAX = 3
+
+
+def shortlist(
+    choice: ShapeChoice, band: float = TRIAL_BAND, most: int = TRIAL_MAX
+) -> tuple[Shape, ...]:
+    """The shapes the run measures itself, in the order it runs them: the model's choice (what
+    it starts with), the others predicted within ``band`` of the best (best first), and last the
+    simplest candidate, so that a schedule the search contains (one group in lock step is the
+    Async schedule) is never lost to a model's error. At most ``most`` shapes."""
+    best = choice.ranked[0].throughput
+    simplest = choice.shapes[0] if choice.shapes else choice.shape
+    out = [choice.shape]
+    for p in choice.ranked:
+        if len(out) >= most - (simplest not in out):
+            break
+        if p.shape not in out and p.shape != simplest and p.throughput >= best * (1 - band):
+            out.append(p.shape)
+    if simplest not in out:
+        out.append(simplest)
+    return tuple(out[: max(1, most)])
+
+
+@dataclass
+class Trial:
+    """One shape measured in the run: the updates it ran, their seconds and env steps."""
+
+    shape: Shape
+    updates: int = 0
+    seconds: float = 0.0
+    env_steps: int = 0
+
+    @property
+    def rate(self) -> float:
+        """Env steps per second (0 before its first update)."""
+        return self.env_steps / self.seconds if self.seconds > 0 else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            **self.shape.to_dict(),
+            "updates": self.updates,
+            "seconds": self.seconds,
+            "env_steps": self.env_steps,
+            "env_steps_per_s": self.rate,
+        }
+
+
+class ShapeTrials:
+    """Successive in-situ measurement of the shortlisted shapes: each runs ``updates`` updates
+    (after ``skip`` start-up ones), measured from the times the updates' reports arrive; then
+    the run keeps the fastest. The model ranks shapes from a solo profile of each stage; this is
+    what the run itself makes of them, contention and all.
+
+    With overlap, the interval between two reports is the time between two segments' last
+    decisions, which began a training step earlier: the first interval after a move mixes the
+    old shape and the new one, so ``settle`` updates after each move are not counted.
+
+    Args:
+        shapes: the shortlist (:func:`shortlist`); the run is running the first.
+        skip: updates not measured (start-up is not steady).
+        updates: updates each shape is measured for.
+        settle: updates after a move that are not measured.
+    """
+
+    def __init__(
+        self, shapes: Sequence[Shape], skip: int = 1, updates: int = 1, settle: int = 1
+    ) -> None:
+        if not shapes:
+            raise ValueError("ShapeTrials: no shape to measure")
+        self.trials = [Trial(s) for s in shapes]
+        self.skip, self.updates, self.settle = max(1, skip), max(1, updates), max(0, settle)
+        self.settling = 0  # updates still to let pass before the running trial is measured
+        self.seen = 0
+        self.current = 0  # index of the trial running now
+        self.last: float | None = None  # when the last report arrived
+        self.started: float | None = None  # when the first trial began to be measured
+        self.ended: float | None = None
+        self.winner: Trial | None = None
+
+    @property
+    def done(self) -> bool:
+        return self.winner is not None
+
+    @property
+    def seconds(self) -> float:
+        """How long the trials ran (0 until they end)."""
+        if self.ended is None or self.started is None:
+            return 0.0
+        return self.ended - self.started
+
+    def add(self, at: float, env_steps: int) -> Shape | None:
+        """An update's report arrived at ``at`` (seconds) with ``env_steps``. Returns the shape
+        to run from now on when it changes (the next trial, or the winner), else None."""
+        self.seen += 1
+        if self.done:
+            return None
+        if self.seen <= self.skip:
+            self.last = self.started = at
+            return None
+        assert self.last is not None
+        if self.settling:
+            self.settling -= 1
+            self.last = at
+            return None
+        t = self.trials[self.current]
+        t.updates += 1
+        t.seconds += at - self.last
+        t.env_steps += int(env_steps)
+        self.last = at
+        if t.updates < self.updates:
+            return None
+        if self.current + 1 < len(self.trials):
+            self.current += 1
+            self.settling = self.settle
+            return self.trials[self.current].shape
+        self.ended = at
+        self.winner = max(self.trials, key=lambda x: x.rate)  # the first of equals
+        return self.winner.shape if self.winner is not t else None
+
+
 @dataclass(frozen=True)
 class Recalibration:
-    """The model held against the run itself, once it has run its first shape for a while.
+    """What the run measured of the shortlisted shapes, and the model held against it.
 
     Attributes:
-        measured: env steps per second the run made with ``before`` (its steady updates).
-        predicted: what the start-up model predicted for ``before``.
-        cores: the machine's effective cores that make the model predict ``measured``
-            (:func:`ebrl.resources.model.fit_cores`), below the cores it was given where the
-            solo profile misses contention.
+        measured: env steps per second of the shape the run keeps (the fastest measured).
+        predicted: what the start-up model predicted for the shape it started with.
+        cores: the machine's effective cores that make the model predict ``measured`` for
+            the kept shape (:func:`ebrl.resources.model.fit_cores`), below the cores it was
+            given where the solo profile misses contention.
         ranked: every candidate's prediction at those cores, best first.
         before: the shape the run started with; after: the one it runs from now on.
         seconds: what refitting and re-ranking cost (the driver's CPU, once).
+        trials: every shortlisted shape as the run measured it, in the order they ran.
+        trial_s: the seconds the trials took (the shapes' updates, start to end).
     """
 
     measured: float
@@ -280,6 +406,8 @@ class Recalibration:
     before: Shape
     after: Shape
     seconds: float
+    trials: tuple[Trial, ...] = ()
+    trial_s: float = 0.0
 
     @property
     def changed(self) -> bool:
@@ -287,10 +415,11 @@ class Recalibration:
 
     def describe(self) -> str:
         move = f"-> {self.after.describe()}" if self.changed else "kept"
+        tried = "; ".join(f"{t.shape.describe()} {t.rate:.0f}" for t in self.trials)
         return (
-            f"measured {self.measured:.0f} env steps/s with {self.before.describe()} (predicted "
-            f"{self.predicted:.0f}): {self.cores:.2f} effective cores; {move} "
-            f"({self.seconds:.2f} s)"
+            f"measured in the run: {tried} env steps/s; {move}; model refit "
+            f"{self.cores:.2f} effective cores (predicted {self.predicted:.0f} for "
+            f"{self.before.describe()}; {self.seconds:.2f} s)"
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -301,68 +430,44 @@ class Recalibration:
             "before": self.before.to_dict(),
             "after": self.after.to_dict(),
             "seconds": self.seconds,
+            "trial_s": self.trial_s,
+            "trials": [t.to_dict() for t in self.trials],
             "predictions": [{**p.shape.to_dict(), "throughput": p.throughput} for p in self.ranked],
         }
 
     def metrics(self) -> dict[str, float]:
+        a = self.after
         return {
             "shape/cores_effective": self.cores,
             "shape/measured_env_steps_per_s": self.measured,
             "shape/reshaped": float(self.changed),
             "shape/recalibrate_s": self.seconds,
+            "shape/trials": float(len(self.trials)),
+            "shape/trial_s": self.trial_s,
+            "shape/final_env_groups": float(a.groups),
+            "shape/final_step_level": float(a.step_level),
+            "shape/final_batch_min": float(a.batch_min if a.step_level else 0),
         }
 
 
-def recalibrate(choice: ShapeChoice, measured: float, margin: float = 0.03) -> Recalibration:
-    """Refit the model to the rate the run measured with its shape (one number: the machine's
-    effective cores), rank the candidates again at that capacity, and keep the shape unless
-    another is predicted faster by more than ``margin`` (a simpler one within 2% still wins,
-    as at start)."""
+def recalibrate(
+    choice: ShapeChoice, trials: Sequence[Trial], trial_s: float = 0.0
+) -> Recalibration:
+    """The run keeps the fastest shape it measured; the model is refit to that rate (one number:
+    the machine's effective cores) and ranks every candidate again there (what the log, the
+    planner and ``shape.json`` read: how far the solo profile was from the run)."""
     t0 = time.perf_counter()
     assert choice.work is not None, "a ShapeChoice made by search() carries its workload"
-    cores = fit_cores(choice.costs, choice.work, choice.shape, measured)
+    measured = [t for t in trials if t.updates > 0]
+    if not measured:
+        raise ValueError("recalibrate: no shape was measured")
+    best = max(measured, key=lambda t: t.rate)
+    cores = fit_cores(choice.costs, choice.work, best.shape, best.rate)
     work = dataclasses.replace(choice.work, cores=cores)
-    best, ranked = choose(choice.costs, work, choice.shapes or (choice.shape,))
-    ours = next((p.throughput for p in ranked if p.shape == choice.shape), 0.0)
-    gain = next(p.throughput for p in ranked if p.shape == best) / max(ours, 1e-9) - 1
-    after = best if gain > margin else choice.shape
+    _, ranked = choose(choice.costs, work, choice.shapes or (choice.shape,))
     rec = Recalibration(
-        measured, choice.predicted(), cores, tuple(ranked), choice.shape, after,
-        time.perf_counter() - t0,
+        best.rate, choice.predicted(), cores, tuple(ranked), choice.shape, best.shape,
+        time.perf_counter() - t0, tuple(trials), trial_s,
     )  # fmt: skip
     log.info("shape: %s", rec.describe())
     return rec
-
-
-class SteadyRate:
-    """The env steps per second of ``window`` updates after ``warmup`` of them, from the times
-    the updates' reports arrive (what :func:`recalibrate` is given).
-
-    Args:
-        warmup: updates skipped (start-up is not steady).
-        window: updates measured.
-    """
-
-    def __init__(self, warmup: int, window: int) -> None:
-        self.warmup, self.window = max(1, warmup), max(1, window)
-        self.seen = 0
-        self.start: tuple[float, int] | None = None
-        self.steps = 0
-        self.done = False
-
-    def add(self, at: float, env_steps: int) -> float | None:
-        """One update's report arrived at ``at`` (seconds) with ``env_steps``; the rate once
-        the window is complete (once), else None."""
-        self.seen += 1
-        if self.done:
-            return None
-        if self.seen == self.warmup:
-            self.start = (at, 0)
-            return None
-        if self.start is None:
-            return None
-        self.steps += env_steps
-        if self.seen < self.warmup + self.window:
-            return None
-        self.done = True
-        return self.steps / max(at - self.start[0], 1e-9)

@@ -42,9 +42,10 @@ from typing import Any
 import numpy as np
 
 from ebrl.resources.apply import affinity_guard, threads_guard
+from ebrl.resources.manager import trial_updates
 from ebrl.resources.model import Shape, Workload
 from ebrl.resources.model import split_groups as env_groups
-from ebrl.resources.shape import ShapeChoice, SteadyRate, recalibrate
+from ebrl.resources.shape import ShapeChoice, ShapeTrials, recalibrate, shortlist
 from ebrl.runtime.backend import InProcessBackend, RayBackend, WorkerDied
 from ebrl.runtime.channel import Inbox, Outbox, new_authkey, node_ip
 from ebrl.runtime.dist import STRATEGIES
@@ -128,9 +129,11 @@ class EBRLScheduler:
             chosen with the step level, or M: the first M of N; larger: the envs that piled
             up while the generator worked share one call).
         batch_timeout_ms: how long a ready env waits for M to be reached.
-        reshape_window: updates after the warm-up (``warmup_iters``) over which a searched
-            shape is measured in the run itself; the resource manager then refits its model to
-            that rate and moves the run to another shape if one is predicted faster (0: never).
+        reshape_window: updates each shortlisted shape is measured for in the run itself when
+            the shape was searched (the model's choice, the others it predicts within 10% of
+            the best, and one group in lock step: :func:`ebrl.resources.shape.shortlist`), one
+            after the other after the first update; the run then keeps the fastest. Fewer
+            updates where the trials would take over a quarter of the run (0: no trials).
         ray_address: ``local`` (a private Ray instance) or a cluster address.
         resources: Ray custom resources per role (``sim``, ``gen``, ``learner``) for placement.
         pin_sim: pin each env worker to a home core (round robin over this process's CPUs).
@@ -183,7 +186,7 @@ class EBRLScheduler:
     def __post_init__(self) -> None:
         self.shape_choice: ShapeChoice | None = None  # the last run's, when it was searched
         self._unlogged_shape: ShapeChoice | None = None
-        self._steady: SteadyRate | None = None  # the searched shape's rate, in the run
+        self._trials: ShapeTrials | None = None  # the shortlisted shapes, measured in the run
         if self.rebind and self.step_level is False:
             raise ValueError("scheduler.rebind needs scheduler.step_level=true (level 3)")
         if self.backend not in ("ray", "inprocess"):
@@ -376,11 +379,11 @@ class EBRLScheduler:
             factory = factory.with_spec(spec)
             shape, self.shape_choice = self.shape(dataclasses.replace(ctx, factory=factory), roles)
             self._unlogged_shape = self.shape_choice
-            self._steady = (
-                SteadyRate(int(factory.cfg.get("warmup_iters") or 1), self.reshape_window)
-                if self.shape_choice is not None and self.reshape_window > 0
-                else None
-            )
+            self._trials = None
+            if self.shape_choice is not None and self.reshape_window > 0:
+                short = shortlist(self.shape_choice)
+                each = trial_updates(self.reshape_window, factory.cfg, len(short))
+                self._trials = ShapeTrials(short, skip=1, updates=each)
             plan = self.plan(ctx, roles, slots.spec, shape)
             manager = manage.setup(
                 factory,
@@ -542,36 +545,44 @@ class EBRLScheduler:
                     raise StageError(h.name, "the worker left its loop without being stopped")
 
     def _measure_shape(self, rep: Report, ctx: RunContext, restarts: _Restarts) -> dict:
-        """After the warm-up and ``reshape_window`` more updates of the shape the search chose,
-        refit the model to the rate they ran at (``ebrl.resources.shape.recalibrate``) and, if
-        another shape is now predicted faster, send it to every replica and env worker (new
-        processes start with it too). Its metrics, once; ``shape.json`` is rewritten."""
-        rate = self._steady.add(time.monotonic(), rep.env_steps) if self._steady else None
-        if rate is None or self.shape_choice is None:
+        """The shortlisted shapes measured in the run, one after the other
+        (:class:`~ebrl.resources.shape.ShapeTrials`): move the run to the next one, and at the
+        end to the fastest; then refit the model to that rate (metrics once; ``shape.json``
+        rewritten)."""
+        trials = self._trials
+        if trials is None or self.shape_choice is None or trials.done:
             return {}
-        rec = recalibrate(self.shape_choice, rate)
+        move = trials.add(time.monotonic(), rep.env_steps)
+        if move is not None:
+            self._reshape(move, restarts)
+        if not trials.done:
+            return {}
+        rec = recalibrate(self.shape_choice, trials.trials, trials.seconds)
         self.shape_choice = dataclasses.replace(self.shape_choice, recalibration=rec)
         if ctx.run_dir is not None:
             self.shape_choice.save(ctx.run_dir)
-        if rec.changed:
-            new = rec.after
-            groups = env_groups(restarts.plan.workers, new.groups)
-            msg = Reshape(groups, new.step_level, new.batch_min, new.batch_max)
-            restarts.plan = dataclasses.replace(
-                restarts.plan,
-                groups=groups,
-                step_level=new.step_level,
-                batch_min=new.batch_min,
-                batch_max=new.batch_max,
-            )
-            for name, addr in list(restarts.book.items()):
-                if name == DRIVER or name.startswith("learner"):
-                    continue
-                with contextlib.suppress(OSError):  # a dead worker's replacement starts with it
-                    out = Outbox(addr, restarts.authkey, retries=5)
-                    out.send(msg)
-                    out.close()
         return rec.metrics()
+
+    def _reshape(self, new: Shape, restarts: _Restarts) -> None:
+        """Send ``new`` to every replica and env worker (they switch between two batches); new
+        processes start with it too."""
+        groups = env_groups(restarts.plan.workers, new.groups)
+        msg = Reshape(groups, new.step_level, new.batch_min, new.batch_max)
+        restarts.plan = dataclasses.replace(
+            restarts.plan,
+            groups=groups,
+            step_level=new.step_level,
+            batch_min=new.batch_min,
+            batch_max=new.batch_max,
+        )
+        log.info("shape: running %s", new.describe())
+        for name, addr in list(restarts.book.items()):
+            if name == DRIVER or name.startswith("learner"):
+                continue
+            with contextlib.suppress(OSError):  # a dead worker's replacement starts with it
+                out = Outbox(addr, restarts.authkey, retries=5)
+                out.send(msg)
+                out.close()
 
     def _shutdown(self, inbox, handles, backend, slots, book, authkey, timeline) -> None:
         """Stop every worker (politely, then by force), keep the spans their last flush sent,
