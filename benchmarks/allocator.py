@@ -94,14 +94,14 @@ def compose(overrides: list[str]) -> Any:
 def profile_workload(workload: list[str], pool: int, repeats: int, path: Path) -> dict[str, Any]:
     """(a) and (b)'s choice: profile the workload's policy here; Algorithm 1 on the profile."""
     from ebrl.config import validate
-    from ebrl.resources.allocator import Pool, allocate_with_sims, sim_rate
     from ebrl.resources.manager import (
         gen_batch_candidates,
-        profile_for_run,
         restrict_train_batch,
         train_minibatch,
     )
+    from ebrl.resources.split import Pool, allocate_with_sims, sim_rate
     from ebrl.stages.factory import StageFactory
+    from ebrl.stages.profile import profile_for_run
 
     cfg = compose([*workload, *EBRL])
     run = validate(cfg)

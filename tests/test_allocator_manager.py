@@ -11,11 +11,8 @@ import pytest
 from ebrl.config import ConfigError, validate
 from ebrl.envs.synthetic import SyntheticCostEnv
 from ebrl.hardware import MachineFacts
-from ebrl.resources.allocator import AllocationError, Pool, allocate
 from ebrl.resources.manager import (
-    Rebalancer,
     ResourceSettings,
-    RolloutMeter,
     StageResources,
     gen_batch_candidates,
     initial_resources,
@@ -25,12 +22,26 @@ from ebrl.resources.manager import (
     train_minibatch,
 )
 from ebrl.resources.profiler import Profile, ProfilePoint
+from ebrl.resources.runtime import RolloutMeter, RunTimeManager, elastic_allocator
+from ebrl.resources.split import AllocationError, Pool, allocate
 from ebrl.resources.topology import fake_topology
 from ebrl.train import _refuse_unwired_resources
 
 from .conftest import TINY, make_cfg
 
 TOPO = fake_topology(numa_nodes=2, cores_per_node=32, gpus=0)
+
+
+def manager(prof, res, s, out_dir, max_gen_batch, clock=None, sent=None) -> RunTimeManager:
+    """The run-time manager with Algorithm 1, its splits sent into ``sent`` (role, seq, res)."""
+    m = RunTimeManager(
+        res, num_envs=4, elastic=elastic_allocator(prof, res, s, max_gen_batch), topology=TOPO,
+        out_dir=out_dir, **({"clock": clock} if clock else {}),
+    )  # fmt: skip
+    m.connect(
+        send_split=lambda role, seq, r: (sent if sent is not None else []).append((role, seq, r))
+    )
+    return m
 
 
 def fake_profile(gen_per_thread: float = 1000.0, train_per_thread: float = 500.0) -> Profile:
@@ -156,22 +167,24 @@ def test_rollout_meter_discounts_time_blocked_by_staleness():
     assert m.update(13.0, 150, 8.0) is None  # blocked throughout: no rollout capacity to tell
 
 
-def test_rebalancer_reallocates_after_patience_and_records_the_cost(tmp_path):
+def test_the_manager_reallocates_after_patience_and_records_the_cost(tmp_path):
     prof = restrict_train_batch(fake_profile(gen_per_thread=1000, train_per_thread=500), 16)
     s = ResourceSettings(allocator="elastic", gen_threads=1, train_threads=2, rebalance_patience=3)
     res = initial_resources(s, TOPO, 2, prof, max_gen_batch=2)
     assert (res.gen.threads, res.train.threads) == (1, 2)
     now = [100.0]
-    rb = Rebalancer(prof, res, s, TOPO, tmp_path, max_gen_batch=2, clock=lambda: now[0])
+    sent = []
+    rb = manager(prof, res, s, tmp_path, 2, clock=lambda: now[0], sent=sent)
     # the rollout far slower than the profile says, the learner faster: 3 divergent updates
-    assert rb.observe(150.0, 2500.0, step=1) is None
-    assert rb.observe(150.0, 2500.0, step=2) is None
-    seq, gen, train = rb.observe(150.0, 2500.0, step=3)
+    assert rb.rebalance(150.0, 2500.0, step=1) is None
+    assert rb.rebalance(150.0, 2500.0, step=2) is None
+    seq, gen, train = rb.rebalance(150.0, 2500.0, step=3)
     assert (gen.threads, train.threads) == (2, 1)
-    assert rb.applied("gen", seq, 0.002) is None  # the learner has not applied it yet
-    assert rb.applied("gen", seq, 0.5) is None  # a repeated acknowledgement counts once
+    assert sent == [("gen", seq, gen), ("learner", seq, train)]  # both stages told
+    assert rb.applied("gen", seq, 0.002, 2) is None  # the learner has not applied it yet
+    assert rb.applied("gen", seq, 0.5, 2) is None  # a repeated acknowledgement counts once
     now[0] += 0.25
-    done = rb.applied("learner", seq, 0.001)
+    done = rb.applied("learner", seq, 0.001, 1)
     # cost: the stages' own work applying it; latency: decision to the last acknowledgement
     assert done is not None and done.apply_cost_s == pytest.approx(0.003)
     assert done.apply_latency_s == pytest.approx(0.25)
@@ -182,7 +195,9 @@ def test_rebalancer_reallocates_after_patience_and_records_the_cost(tmp_path):
     assert row["apply_cost_s"] == pytest.approx(0.003)
     assert row["apply_latency_s"] == pytest.approx(0.25)
     assert (row["old"]["gen_units"], row["new"]["gen_units"]) == (1, 2)
-    m = rb.metrics()
+    rb.replaced("gen")  # a replacement generator starts with the split in force
+    assert sent[-1] == ("gen", seq, gen)
+    m = rb.elastic_metrics()
     assert m["resource/reallocations"] == 1.0
     assert m["resource/realloc_cost_s"] == pytest.approx(0.003)
     assert m["resource/realloc_latency_s"] == 0.25
@@ -193,23 +208,51 @@ def test_rebalancer_records_a_kept_split_and_unapplied_moves(tmp_path):
     s = ResourceSettings(allocator="elastic", gen_threads=1, train_threads=1, rebalance_patience=1)
     res = initial_resources(s, TOPO, 2, prof, max_gen_batch=4)
     assert res.gen.batch == 4  # gen is the slower stage: its fastest batch
-    rb = Rebalancer(prof, res, s, TOPO, tmp_path, max_gen_batch=4)
+    sent = []
+    rb = manager(prof, res, s, tmp_path, 4, sent=sent)
     # a pool of 2: one split; gen already at its largest batch, so the search keeps it all
-    assert rb.observe(10.0, 1000.0, step=5) is None
+    assert rb.rebalance(10.0, 1000.0, step=5) is None and sent == []
     row = json.loads((tmp_path / "reallocations.jsonl").read_text())
     assert row["changed"] is False and row["applied"] is False and row["step"] == 5
-    assert rb.metrics()["resource/rebalances_unchanged"] == 1.0
+    assert rb.elastic_metrics()["resource/rebalances_unchanged"] == 1.0
 
     prof = restrict_train_batch(fake_profile(), 16)
     s3 = ResourceSettings(allocator="elastic", gen_threads=1, train_threads=2, rebalance_patience=1)
     res = initial_resources(s3, TOPO, 2, prof, max_gen_batch=2)
-    rb = Rebalancer(prof, res, s3, TOPO, tmp_path / "b", max_gen_batch=2)
-    (tmp_path / "b").mkdir()
-    assert rb.observe(150.0, 2500.0, step=7) is not None
+    rb = manager(prof, res, s3, tmp_path / "b", 2)
+    assert rb.rebalance(150.0, 2500.0, step=7) is not None
     rb.close()  # the run ended before the workers applied it
     row = json.loads((tmp_path / "b" / "reallocations.jsonl").read_text())
     assert row["changed"] and row["applied"] is False and row["apply_cost_s"] is None
     assert row["apply_latency_s"] is None
+
+
+def test_one_manager_measures_the_shortlist_from_the_reports_and_keeps_the_fastest(tmp_path):
+    """The driver feeds the run-time manager each update's report; the shape trials run in
+    it: each shortlisted shape in turn is sent to the workers, then the fastest measured, and
+    the model refit to it is saved in ``shape.json`` and reported once."""
+    from ebrl.resources.shape import ShapeTrials, search, shortlist
+
+    from .test_shape_search import WORK, costs
+
+    choice = search(costs(tail=3.0, busy=0.05), WORK, None, None, None, 0.005)
+    short = shortlist(choice)
+    assert len(short) >= 2
+    res = initial_resources(ResourceSettings(), TOPO, 2, None, max_gen_batch=8)
+    trials = ShapeTrials(short, skip=1, updates=1, settle=0)
+    m = RunTimeManager(res, 16, out_dir=tmp_path, choice=choice, trials=trials)
+    sent = []
+    m.connect(send_shape=sent.append)
+    # update i arrives at t = i, then the last shortlisted shape's one twice as fast
+    times = [float(i) for i in range(len(short))] + [len(short) - 0.5]
+    out = [m.report(i, 100, {}, at=t) for i, t in enumerate(times)]
+    assert sent == list(short[1:])  # each in turn; the fastest is the last: no move back
+    assert [o.get("shape/trials") for o in out] == [None] * len(short) + [float(len(short))]
+    rec = m.choice.recalibration
+    assert rec is not None and rec.after == short[-1]
+    saved = json.loads((tmp_path / "shape.json").read_text())["recalibration"]
+    assert len(saved["trials"]) == len(short)
+    assert m.report(len(short) + 1, 100, {}, at=99.0) == {}  # the trials are over: nothing more
 
 
 def test_train_minibatch_from_the_config():

@@ -165,7 +165,8 @@ def test_a_run_reshaped_in_flight_keeps_every_history_and_the_bound(monkeypatch,
 
     step1 = Shape(1, True, 1, 0.001)  # one env a call: every batch under it is 1
     monkeypatch.setattr(sched_mod, "shortlist", lambda choice: (choice.shape, step1))
-    cfg = fake_cfg(["simulator.delay_jitter_s=0.0005"])
+    # a run long enough that its trials (2 shapes and an update to settle) fit a quarter of it
+    cfg = fake_cfg(["simulator.delay_jitter_s=0.0005", "budget.iterations=12"])
     sched = EBRLScheduler(
         backend="inprocess", staleness=1, pipeline=None, step_level=False, batch_timeout_ms=1.0,
         reshape_window=1,

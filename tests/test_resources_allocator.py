@@ -11,28 +11,29 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ebrl.resources.allocator import (
+from ebrl.resources.elastic import ElasticAllocator
+from ebrl.resources.monitors import DivergenceMonitor, DriftMonitor
+from ebrl.resources.plan import ShareKind, make_plan
+from ebrl.resources.profiler import Profile, ProfilePoint
+from ebrl.resources.split import (
     AllocationError,
-    DivergenceMonitor,
-    DriftMonitor,
-    ElasticAllocator,
     Pool,
     allocate,
-    allocate_brute_force,
     balance,
-    balance_brute_force,
     divergence,
     first_at_least,
-    first_at_least_brute_force,
     predict,
     profile_curve,
     shared_cpu_rate,
     sim_rate,
     stage_requests,
 )
-from ebrl.resources.plan import ShareKind, make_plan
-from ebrl.resources.profiler import Profile, ProfilePoint
 from ebrl.resources.topology import fake_topology
+from tests.alloc_reference import (
+    allocate_brute_force,
+    balance_brute_force,
+    first_at_least_brute_force,
+)
 
 
 def monotone(increments: list[float]) -> list[float]:

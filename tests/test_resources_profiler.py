@@ -10,18 +10,11 @@ import torch
 
 from ebrl.envs.base import EnvSpec
 from ebrl.envs.fake import CountingEnv
-from ebrl.resources.allocator import Pool, allocate
 from ebrl.resources.apply import affinity_guard
-from ebrl.resources.profiler import (
-    Profile,
-    ProfilePoint,
-    gen_stage_fn,
-    profile,
-    profile_cpu,
-    sim_stage_fn,
-    train_stage_fn,
-)
+from ebrl.resources.profiler import Profile, ProfilePoint, profile
+from ebrl.resources.split import Pool, allocate
 from ebrl.stages.factory import StageFactory
+from ebrl.stages.profile import gen_stage_fn, profile_cpu, sim_stage_fn, train_stage_fn
 
 
 def test_profile_times_steps_and_records_its_context():

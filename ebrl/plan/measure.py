@@ -85,8 +85,8 @@ def measure_level(
     import torch
 
     from ebrl.algos.loss import FlatBatch, sgd_update
-    from ebrl.resources.manager import ppo_config
     from ebrl.stages.factory import StageFactory
+    from ebrl.stages.profile import ppo_config
     from ebrl.types import Observation
 
     if device == "cpu":

@@ -5,7 +5,7 @@ generator's and the learner's torch threads, CPU cores (only with ``resources.pi
 generator's batch size, plus the env workers' home cores. With ``allocator=static`` the split is
 the config's (``gen_threads`` / ``train_threads``, or with pinning ``gen_cores`` / ``train_cores``
 or a plan over the machine); with ``allocator=elastic`` Algorithm 1 (:func:`allocate`) chooses it
-from a profile, and :class:`Rebalancer` re-chooses it at run time.
+from a profile, and at run time :class:`~ebrl.resources.runtime.RunTimeManager` re-chooses it.
 
 On a machine without GPUs the pool gen and train split is CPU threads: without pinning, the thread
 budget ``gen_threads + train_threads``; with pinning, the cores left after the env workers (each
@@ -13,13 +13,14 @@ stage then runs one torch thread per core). That is the CPU analogue of the SM s
 
 At run time three throughputs are measured per update: the generator's capacity (decisions per
 second inside the policy), the rollout's (decisions issued per second of rollout time not held
-back by the staleness bound, :class:`RolloutMeter`: the simulators set it when it runs below the
-generator's capacity) and the learner's (decisions trained per second of training).
+back by the staleness bound, :class:`~ebrl.resources.runtime.RolloutMeter`: the simulators set
+it when it runs below the generator's capacity) and the learner's (decisions trained per second
+of training).
 
 The simulators are in the allocator's model: the profile has a ``sim`` stage (one env worker's
 group stepping chunks on one core, decisions/s) when the run profiles itself, and unpinned the
 thread pool is the simulators' own CPUs (``Pool.shared_with_sim`` with the machine's cores), so
-every split is priced by the shared-CPU model (:func:`~ebrl.resources.allocator.shared_cpu_rate`):
+every split is priced by the shared-CPU model (:func:`~ebrl.resources.split.shared_cpu_rate`):
 a thread gen or train does not need is CPU the simulators get.
 
 Nothing here touches the machine; the scheduler's workers apply what it decides
@@ -29,27 +30,16 @@ Nothing here touches the machine; the scheduler's workers apply what it decides
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import math
-import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
 from ebrl.config import AllocatorKind, ResourcesNode
-from ebrl.resources.allocator import (
-    Allocation,
-    AllocationError,
-    DivergenceMonitor,
-    ElasticAllocator,
-    Pool,
-    Reallocation,
-    allocate_with_sims,
-)
 from ebrl.resources.plan import PlanPolicy, StageRequest, cpu_plan, cpu_split, make_plan
 from ebrl.resources.profiler import Profile
+from ebrl.resources.split import Allocation, AllocationError, Pool, allocate_with_sims
 from ebrl.resources.topology import Topology
 
 log = logging.getLogger(__name__)
@@ -150,12 +140,24 @@ def scaled_patience(patience: int | None, cfg: Mapping[str, Any]) -> int:
     return max(2, min(20, run_updates(cfg) // 10))
 
 
-def trial_updates(window: int, cfg: Mapping[str, Any], shapes: int, settle: int = 1) -> int:
-    """Updates each of ``shapes`` shortlisted shapes is measured for in the run: ``window`` at
-    most, fewer where the trials (each also ``settle`` updates after its move) would take more
-    than a quarter of the run's updates (:func:`run_updates`), and at least one."""
+#: the share of a run's updates its shape trials may take, with the updates that settle
+TRIAL_SHARE = 0.25
+
+
+def trial_plan(
+    window: int, cfg: Mapping[str, Any], shapes: int, settle: int = 1
+) -> tuple[int, int]:
+    """How many of ``shapes`` shortlisted shapes a run measures, and for how many updates each:
+    ``window`` updates at most, and all of it (each shape after the first also ``settle``
+    updates after its move) within a quarter of the run's updates (:func:`run_updates`): a
+    10-update run measures its first shape only, a 40-update run three of them for 2 updates.
+    The first shape (the one the run starts with) is measured at least once."""
+    budget = int(run_updates(cfg) * TRIAL_SHARE)
     n = max(1, shapes)
-    return max(1, min(window, (run_updates(cfg) // 4 - settle * (n - 1)) // n))
+    while n > 1 and n + settle * (n - 1) > budget:
+        n -= 1
+    each = max(1, min(window, (budget - settle * (n - 1)) // n))
+    return n, each
 
 
 def gen_batch_candidates(group_size: int) -> tuple[int, ...]:
@@ -309,280 +311,3 @@ def train_minibatch(cfg: Mapping[str, Any], decisions_per_env: int) -> int:
     algo = cfg["algo"].get("cfg", {}) or {}
     per_segment = int(cfg["num_envs"]) * decisions_per_env
     return max(1, per_segment // max(1, int(algo.get("num_minibatches", 1))))
-
-
-def ppo_config(cfg: Mapping[str, Any]) -> Any:
-    """The run's :class:`ebrl.algos.ppo.PPOConfig` (the ``algo.cfg`` keys it has), for
-    timing a learner update outside the run."""
-    from ebrl.algos.ppo import PPOConfig
-
-    algo = dict(cfg["algo"].get("cfg", {}) or {})
-    names = {f.name for f in dataclasses.fields(PPOConfig)}
-    return PPOConfig(**{k: v for k, v in algo.items() if k in names})
-
-
-def profile_for_run(
-    factory: Any,
-    threads: Sequence[int],
-    gen_batches: Sequence[int],
-    minibatch: int,
-    repeats: int = 2,
-    min_step_s: float = 0.05,
-    sim_group: int | None = None,
-) -> Profile:
-    """Profile this run's policy: gen at each thread count and batch, train at its minibatch,
-    and with ``sim_group`` one env worker's group of that many envs on one core (decisions/s).
-
-    Args:
-        factory: a :class:`~ebrl.stages.factory.StageFactory` that knows the env spec; gen and
-            train each get a fresh copy of the run's initial policy.
-        threads: thread counts to measure (the pool's possible shares).
-        gen_batches: generator batch sizes to measure.
-        minibatch: the learner's minibatch (decisions).
-        repeats: timed repeats per point.
-        min_step_s: each repeat lasts at least this long.
-        sim_group: envs per env worker (None: no ``sim`` stage in the profile).
-    """
-    from ebrl.resources.profiler import policy_shape, profile, profile_gen_and_train, sim_stage_fn
-
-    ppo = ppo_config(factory.cfg)
-    policy = factory.policy()
-    shape = policy_shape(policy)
-    prof = profile_gen_and_train(
-        policy,
-        factory.policy(),
-        ppo,
-        threads,
-        gen_batches,
-        [minibatch],
-        repeats,
-        shape,
-        min_step_s,
-    )
-    if sim_group is None:
-        return prof
-    chunk = int(factory.cfg.get("chunk_size", policy.spec.chunk_size))
-    sim = profile(
-        sim_stage_fn(
-            make_group=lambda ids: factory.group(ids, probe=True, seed=0),
-            chunk_size=chunk,
-            decisions=True,
-        ),
-        [1],
-        [sim_group],
-        repeats,
-        stage="sim",
-        workload={"simulator": str(factory.cfg.get("simulator", {}).get("name", "?"))},
-        min_step_s=min_step_s,
-    )
-    return prof.merge(sim)
-
-
-# --- run time ---------------------------------------------------------------------------------
-class RolloutMeter:
-    """The rollout's decisions per second of time it was not held back by the staleness bound.
-
-    The generator reports cumulative counters: its clock, decisions issued, and env-seconds
-    during which ready envs waited only because acting on them would exceed the staleness bound.
-    Over an interval of ``dt`` seconds with ``n`` envs, the rollout was free for
-    ``dt - blocked / n`` seconds.
-    """
-
-    def __init__(self, num_envs: int) -> None:
-        self.num_envs = max(1, num_envs)
-        self.last: tuple[float, float, float] | None = None
-
-    def update(self, clock: float, decisions: float, blocked_env_s: float) -> float | None:
-        """Feed the counters; the capacity since the previous call (None: no new data)."""
-        prev, self.last = self.last, (clock, decisions, blocked_env_s)
-        if prev is None:
-            return None
-        dt = clock - prev[0]
-        free = dt - (blocked_env_s - prev[2]) / self.num_envs
-        # counters that went backwards: a replaced generator's, counting from zero again
-        if dt <= 0 or free <= 1e-3 * dt or decisions < prev[1]:
-            return None
-        return (decisions - prev[1]) / free
-
-
-@dataclass
-class _Pending:
-    realloc: Reallocation
-    gen: StageResources
-    train: StageResources
-    decided: float
-    waiting: set[str] = field(default_factory=lambda: {"gen", "learner"})
-    work_s: float = 0.0  # the acknowledging stages' own seconds applying it, summed
-
-
-class Rebalancer:
-    """Algorithm 1 at run time, driver side: observe, decide, record.
-
-    Feed :meth:`observe` once per update with the rollout's and the learner's measured
-    throughputs; when they diverge past the threshold for ``patience`` consecutive updates and a
-    new search changes the split, it returns the new gen and train resources for the caller to
-    send to the workers. :meth:`applied` takes each worker's acknowledgement; once both stages
-    have applied a reallocation its cost (the stages' own seconds applying it) and its latency
-    (decision to last acknowledgement: a stage takes it between calls) are recorded, logged,
-    and appended to ``reallocations.jsonl`` in ``out_dir``. A firing whose search keeps the split
-    is appended too (``changed: false``), so the file shows every time the trigger fired.
-
-    Args:
-        profile: the offline profile (threads), train restricted to the run's minibatch.
-        current: the run's starting resources (its ``allocation`` and ``pool`` are required).
-        settings: threshold and patience.
-        topology: for re-pinning (needed when ``current.pool_cores`` is set).
-        out_dir: where ``reallocations.jsonl`` goes (None: log only).
-        max_gen_batch: largest usable generator batch (and the env workers' group size).
-        clock: wall clock (injectable for tests).
-        sim_workers: env worker processes (the simulators' rate, with the profile's ``sim``).
-    """
-
-    def __init__(
-        self,
-        profile: Profile,
-        current: RunResources,
-        settings: ResourceSettings,
-        topology: Topology | None = None,
-        out_dir: Path | None = None,
-        max_gen_batch: int | None = None,
-        clock: Any = time.perf_counter,
-        sim_workers: int = 0,
-    ) -> None:
-        if current.allocation is None or current.pool is None:
-            raise AllocationError("Rebalancer: the run's resources carry no allocation")
-        self.allocator = ElasticAllocator(
-            profile,
-            current.pool,
-            DivergenceMonitor(
-                settings.rebalance_threshold, scaled_patience(settings.rebalance_patience, {})
-            ),
-            max_gen_batch=max_gen_batch,
-            sim_workers=sim_workers,
-            sim_batch=max_gen_batch,
-            headroom=settings.rebalance_threshold,
-        )
-        self.allocator.current = current.allocation
-        self.pool_cores = current.pool_cores
-        self.topology = topology
-        self.gen, self.train = current.gen, current.train
-        self.path = out_dir / "reallocations.jsonl" if out_dir is not None else None
-        self.clock = clock
-        self.seq = 0
-        self.pending: dict[int, _Pending] = {}
-        self.applied_count = 0
-        self.unchanged = 0
-        self.last_cost = math.nan
-        self.last_latency = math.nan
-        self.last_gen = math.nan
-        self.last_train = math.nan
-        self.last_rollout = math.nan
-
-    def observe(
-        self, gen: float, train: float, step: int, rollout: float | None = None
-    ) -> tuple[int, StageResources, StageResources] | None:
-        """One update's measured throughputs (the generator's capacity, the learner's, and the
-        rollout's); ``(seq, gen, train)`` to apply, or None."""
-        self.last_gen, self.last_train = gen, train
-        self.last_rollout = math.nan if rollout is None else rollout
-        r = self.allocator.observe(gen, train, step=step, sim_throughput=rollout)
-        if r is None:
-            return None
-        if not r.changed:  # the trigger fired, the search kept the split: recorded, nothing to do
-            self.unchanged += 1
-            self._record(r, _Pending(r, self.gen, self.train, self.clock()), applied=False)
-            return None
-        gen_res, train_res = split_resources(r.new, self.pool_cores, self.topology)
-        self.seq += 1
-        self.pending[self.seq] = _Pending(r, gen_res, train_res, self.clock())
-        self.gen, self.train = gen_res, train_res
-        return self.seq, gen_res, train_res
-
-    def applied(self, worker: str, seq: int, seconds: float = 0.0) -> Reallocation | None:
-        """A worker's acknowledgement; the completed record once both stages applied ``seq``."""
-        p = self.pending.get(seq)
-        if p is None:
-            return None
-        if worker in p.waiting:
-            p.work_s += max(0.0, float(seconds))
-        p.waiting.discard(worker)
-        if p.waiting:
-            return None
-        del self.pending[seq]
-        latency = self.clock() - p.decided
-        done = self.allocator.applied(p.realloc, p.work_s, latency)
-        self.applied_count += 1
-        self.last_cost = p.work_s
-        self.last_latency = latency
-        self._record(done, p, applied=True)
-        log.info(
-            "reallocation %d at update %s in force %.3f s after the decision (%.4f s applying): "
-            "%s | gen %s | train %s",
-            seq,
-            done.step,
-            latency,
-            p.work_s,
-            done.cause,
-            p.gen.describe(),
-            p.train.describe(),
-        )
-        return done
-
-    def close(self) -> None:
-        """Record reallocations decided but not acknowledged by both stages before the end."""
-        for p in self.pending.values():
-            self._record(p.realloc, p, applied=False)
-        self.pending.clear()
-
-    def metrics(self) -> dict[str, float]:
-        """Gauges for the run's metrics (and MLflow)."""
-        return {
-            "resource/reallocations": float(self.applied_count),
-            "resource/rebalances_unchanged": float(self.unchanged),
-            "resource/realloc_cost_s": self.last_cost,
-            "resource/realloc_latency_s": self.last_latency,
-            "resource/rollout_per_s": self.last_rollout,
-            "resource/gen_per_s": self.last_gen,
-            "resource/train_per_s": self.last_train,
-            "resource/divergence": self.allocator.monitor.last,
-            "resource/divergent_streak": float(self.allocator.monitor.streak),
-            "resource/drift": self.allocator.drift.last,
-            "resource/drift_streak": float(self.allocator.drift.streak),
-        }
-
-    def _record(self, r: Reallocation, p: _Pending, applied: bool) -> None:
-        if self.path is None:
-            return
-        row = {
-            "step": r.step,
-            "changed": r.changed,
-            "applied": applied,
-            "cause": r.cause,
-            "measured_gen": r.measured_gen,
-            "measured_train": r.measured_train,
-            "measured_sim": None if math.isnan(r.measured_sim) else r.measured_sim,
-            "old": _alloc_dict(r.old),
-            "new": _alloc_dict(r.new),
-            "gen": dataclasses.asdict(p.gen),
-            "train": dataclasses.asdict(p.train),
-            "search_s": r.search_s,
-            "apply_cost_s": r.apply_cost_s,
-            "apply_latency_s": r.apply_latency_s,
-            "decided_at": r.decided_at,
-        }
-        with self.path.open("a") as f:
-            f.write(json.dumps(row) + "\n")
-
-
-def _alloc_dict(a: Allocation) -> dict[str, Any]:
-    return {
-        "gen_units": a.gen_units,
-        "train_units": a.train_units,
-        "gen_batch": a.gen_batch,
-        "train_batch": a.train_batch,
-        "gen_throughput": a.gen_throughput,
-        "train_throughput": a.train_throughput,
-        "sim_throughput": a.sim_throughput if math.isfinite(a.sim_throughput) else None,
-        "unused_units": a.unused_units,
-        "unit": a.pool.unit,
-    }

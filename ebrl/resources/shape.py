@@ -269,19 +269,16 @@ def shortlist(
     choice: ShapeChoice, band: float = TRIAL_BAND, most: int = TRIAL_MAX
 ) -> tuple[Shape, ...]:
     """The shapes the run measures itself, in the order it runs them: the model's choice (what
-    it starts with), the others predicted within ``band`` of the best (best first), and last the
-    simplest candidate, so that a schedule the search contains (one group in lock step is the
-    Async schedule) is never lost to a model's error. At most ``most`` shapes."""
+    it starts with), then the simplest candidate, so that a schedule the search contains (one
+    group in lock step is the Async schedule) is never lost to a model's error, then the others
+    predicted within ``band`` of the best, best first. At most ``most`` shapes: a shorter run
+    measures fewer (:func:`ebrl.resources.manager.trial_plan`), the first ones."""
     best = choice.ranked[0].throughput
     simplest = choice.shapes[0] if choice.shapes else choice.shape
-    out = [choice.shape]
+    out = list(dict.fromkeys([choice.shape, simplest]))
     for p in choice.ranked:
-        if len(out) >= most - (simplest not in out):
-            break
-        if p.shape not in out and p.shape != simplest and p.throughput >= best * (1 - band):
+        if p.shape not in out and p.throughput >= best * (1 - band):
             out.append(p.shape)
-    if simplest not in out:
-        out.append(simplest)
     return tuple(out[: max(1, most)])
 
 

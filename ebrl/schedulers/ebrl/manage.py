@@ -1,13 +1,14 @@
-"""The resource manager on the EBRL driver: the starting split and run-time reallocations.
+"""The resource manager on the EBRL driver: built from the run's ``resources`` group, wired to
+the workers.
 
-:func:`setup` reads the run's ``resources`` group and returns a :class:`ResourceDriver` holding
-the starting split (:class:`~ebrl.resources.manager.RunResources`), which the workers apply when
-they start (``Plan.gen_resources`` / ``train_resources``). With ``allocator=elastic`` it also
-holds a :class:`~ebrl.resources.manager.Rebalancer`: after every update the driver feeds it the
-rollout's and the learner's measured throughputs, sends a new split to the generator and the
-learner when it decides one (a :class:`Resources` message each; they apply it between stage
-calls and acknowledge with :class:`Applied`), and records every reallocation with its cause and
-cost in ``reallocations.jsonl`` in the run folder and in the run's ``resource/*`` metrics.
+:func:`setup` reads the run's ``resources`` group and returns the run-time manager
+(:class:`~ebrl.resources.runtime.RunTimeManager`) holding the starting split
+(:class:`~ebrl.resources.manager.RunResources`), which the workers apply when they start
+(``Plan.gen_resources`` / ``train_resources``), the shape trials when the shape was searched,
+and with ``allocator=elastic`` Algorithm 1 at run time. :class:`Links` carries what it decides
+to the generator and the learner (a :class:`Resources` message each; they apply it between
+stage calls and acknowledge with :class:`Applied`). :func:`choose_shape` runs the shape search
+on probes of the run's own stages.
 
 With the default ``resources`` group (static, unpinned, threads as ``threads.*``) the workers
 run exactly as before: their stage's own threads, no pinning, the scheduler's ``batch_min``.
@@ -29,156 +30,80 @@ from typing import Any
 
 from ebrl.resources.manager import (
     ELASTIC,
-    Rebalancer,
     ResourceSettings,
-    RolloutMeter,
-    RunResources,
     StageResources,
     gen_batch_candidates,
     initial_resources,
     pool_size,
-    ppo_config,
-    profile_for_run,
     restrict_train_batch,
     scaled_patience,
     train_minibatch,
 )
 from ebrl.resources.model import Shape, Workload
 from ebrl.resources.profiler import Profile
-from ebrl.resources.shape import Probes, ShapeChoice, gen_batches_for, measure, search
+from ebrl.resources.runtime import COUNTERS, RunTimeManager, elastic_allocator
+from ebrl.resources.shape import (
+    Probes,
+    ShapeChoice,
+    ShapeTrials,
+    gen_batches_for,
+    measure,
+    search,
+)
 from ebrl.resources.topology import Topology, discover_cores
 from ebrl.runtime.channel import Outbox
 from ebrl.schedulers.ebrl.messages import Applied, Resources
+from ebrl.stages.profile import gen_stage_fn, ppo_config, profile_for_run, train_stage_fn
 
 log = logging.getLogger(__name__)
 
-#: generator gauges the driver reads and keeps out of the run's metrics
-COUNTERS = (
-    "resource/gen_clock",
-    "resource/gen_decisions",
-    "resource/gen_blocked_env_s",
-    "resource/gen_busy_s",
-)
+__all__ = [
+    "COUNTERS",
+    "Links",
+    "Shape",
+    "acknowledge",
+    "choose_shape",
+    "setup",
+    "shape_probes",
+    "start_messages",
+]
 
 
-def _message(seq: int, res: StageResources) -> Resources:
+def message(seq: int, res: StageResources) -> Resources:
+    """A stage's resources as the message its worker applies."""
     return Resources(seq, res.threads, res.cores, res.batch)
 
 
-class ResourceDriver:
-    """Driver-side state of the resource manager for one run.
+def start_messages(manager: RunTimeManager) -> tuple[Resources, Resources]:
+    """The generator's and the learner's starting resources (``seq`` 0)."""
+    return message(0, manager.resources.gen), message(0, manager.resources.train)
 
-    Args:
-        resources: the starting split.
-        rebalancer: Algorithm 1 at run time (None: a static split).
-        num_envs: envs of the run (for the rollout meter).
-        warmup: updates before throughputs are fed to the rebalancer (start-up is not steady).
-    """
 
-    def __init__(
-        self,
-        resources: RunResources,
-        rebalancer: Rebalancer | None,
-        num_envs: int,
-        warmup: int = 1,
-    ) -> None:
-        self.resources = resources
-        self.rebalancer = rebalancer
-        self.meter = RolloutMeter(num_envs)
-        self.gen_last: tuple[float, float] | None = None  # (decisions, busy seconds)
-        self.warmup = max(1, warmup)
-        self.counters: dict[str, float] = {}
-        self.outboxes: dict[str, Outbox] = {}
-        self.sent: dict[str, Resources] = {}  # the last reallocation sent to each stage
-        self.seen: dict[str, Applied] = {}
+def acknowledge(manager: RunTimeManager, msg: Applied) -> None:
+    """A worker's :class:`Applied`, to the manager."""
+    manager.applied(msg.worker, msg.seq, msg.seconds, msg.threads, msg.cores, msg.batch_min)
 
-    def start_messages(self) -> tuple[Resources, Resources]:
-        """The generator's and the learner's starting resources (``seq`` 0)."""
-        return _message(0, self.resources.gen), _message(0, self.resources.train)
 
-    def connect(self, peers: Mapping[str, Any], authkey: bytes) -> None:
-        """Links to the generator and the learner, for reallocations."""
-        if self.rebalancer is not None:
-            self.outboxes = {r: Outbox(peers[r], authkey) for r in ("gen", "learner")}
+class Links:
+    """The manager's links to the generator and the learner (``gen``, ``learner``): what it
+    decides goes out as :class:`Resources`; a replaced process gets a new link."""
 
-    def replaced(self, role: str, address: Any, authkey: bytes) -> None:
-        """``role``'s process was replaced: its rollout counters start again from zero, and it
-        gets the split in force (it started with the run's starting split)."""
-        self.meter.last = None
-        self.gen_last = None
-        for k in COUNTERS:
-            self.counters.pop(k, None)
-        if self.rebalancer is None:
-            return
+    def __init__(self, peers: Mapping[str, Any], authkey: bytes) -> None:
+        self.authkey = authkey
+        self.outboxes = {r: Outbox(peers[r], authkey) for r in ("gen", "learner")}
+
+    def send(self, role: str, seq: int, res: StageResources) -> None:
+        # a process that died meanwhile gets it once replaced (RunTimeManager.replaced)
+        with contextlib.suppress(OSError):
+            self.outboxes[role].send(message(seq, res))
+
+    def relink(self, role: str, address: Any) -> None:
         with contextlib.suppress(OSError):
             if role in self.outboxes:
                 self.outboxes[role].close()
-        self.outboxes[role] = Outbox(address, authkey)
-        if role in self.sent:
-            self.outboxes[role].send(self.sent[role])
-
-    def gauges(self, gauges: dict[str, float]) -> None:
-        """Take the generator's rollout counters out of a telemetry message's gauges."""
-        for k in COUNTERS:
-            if k in gauges:
-                self.counters[k] = gauges.pop(k)
-
-    def applied(self, msg: Applied) -> None:
-        self.seen[msg.worker] = msg
-        if self.rebalancer is not None and msg.seq > 0:
-            self.rebalancer.applied(msg.worker, msg.seq, msg.seconds)
-
-    def report(self, iteration: int, metrics: Mapping[str, float]) -> dict[str, float]:
-        """One update arrived: measure, maybe reallocate; the ``resource/*`` metrics to add."""
-        out: dict[str, float] = {}
-        c = self.counters
-        rollout = gen_cap = None
-        if all(k in c for k in COUNTERS):
-            rollout = self.meter.update(
-                c["resource/gen_clock"],
-                c["resource/gen_decisions"],
-                c["resource/gen_blocked_env_s"],
-            )
-            now = (c["resource/gen_decisions"], c["resource/gen_busy_s"])
-            prev, self.gen_last = self.gen_last, now
-            if prev is not None and now[1] - prev[1] > 0 and now[0] >= prev[0]:
-                gen_cap = (now[0] - prev[0]) / (now[1] - prev[1])
-        train = metrics.get("resource/train_per_s_update")
-        if rollout is not None:
-            out["resource/rollout_per_s_update"] = rollout
-        if gen_cap is not None:
-            out["resource/gen_per_s_update"] = gen_cap
-        if (
-            self.rebalancer is not None
-            and iteration >= self.warmup
-            and rollout is not None
-            and train is not None
-        ):
-            decision = self.rebalancer.observe(
-                gen_cap if gen_cap is not None else rollout, float(train), iteration, rollout
-            )
-            if decision is not None:
-                seq, gen, train_res = decision
-                for role, res in (("gen", gen), ("learner", train_res)):
-                    self.sent[role] = _message(seq, res)
-                    # a generator that died meanwhile gets it from replaced()
-                    with contextlib.suppress(OSError):
-                        self.outboxes[role].send(self.sent[role])
-        if self.rebalancer is not None:
-            out.update(self.rebalancer.metrics())
-        for role, key in (("gen", "gen"), ("learner", "train")):
-            a = self.seen.get(role)
-            if a is not None:
-                out[f"resource/{key}_threads"] = float(a.threads)
-                out[f"resource/{key}_cores"] = float(len(a.cores))
-        gen = self.seen.get("gen")
-        if gen is not None and gen.batch_min is not None:
-            out["resource/gen_batch"] = float(gen.batch_min)
-        return out
+        self.outboxes[role] = Outbox(address, self.authkey)
 
     def close(self) -> None:
-        if self.rebalancer is not None:
-            self.rebalancer.close()
         for o in self.outboxes.values():
             with contextlib.suppress(OSError):  # the worker is gone already
                 o.close()
@@ -194,7 +119,9 @@ def setup(
     *,
     run_dir: Path | None = None,
     managed: bool,
-) -> ResourceDriver | None:
+    choice: ShapeChoice | None = None,
+    trials: ShapeTrials | None = None,
+) -> RunTimeManager | None:
     """The run's resource manager from its ``resources`` group, or None where none applies.
 
     Elastic runs use ``resources.profile`` when given, else profile the run's policy here first
@@ -211,11 +138,12 @@ def setup(
         managed: whether the manager applies to this run (``RunContext.manage_resources``);
             False: None is returned, the workers keep their own split (the baselines on EBRL's
             workers).
+        choice: the shape search's outcome, when the shape was searched.
+        trials: the shortlisted shapes to measure in the run (None: none).
     """
-    node = factory.cfg.get("resources")
-    if node is None or not managed:
+    if not managed:
         return None
-    settings = ResourceSettings.from_config(node)
+    settings = ResourceSettings.from_config(factory.cfg.get("resources") or {})
     patience = scaled_patience(settings.rebalance_patience, factory.cfg)
     settings = dataclasses.replace(settings, rebalance_patience=patience)
     topo = topology or Topology(tuple(discover_cores()))
@@ -242,20 +170,10 @@ def setup(
         profile = restrict_train_batch(profile, minibatch)
     res = initial_resources(settings, topo, sim_workers, profile, max_gen_batch=group_size)
     log.info("resources (%s): %s", settings.allocator, res.describe())
-    rebalancer = None
+    elastic = None
     if settings.allocator == ELASTIC:
         assert profile is not None
-        if out_dir is not None:
-            out_dir.mkdir(parents=True, exist_ok=True)
-        rebalancer = Rebalancer(
-            profile,
-            res,
-            settings,
-            topo,
-            out_dir,
-            max_gen_batch=group_size,
-            sim_workers=sim_workers,
-        )
+        elastic = elastic_allocator(profile, res, settings, group_size, sim_workers)
     if out_dir is not None and out_dir.exists():
         info = {"allocator": settings.allocator, **res.to_dict()}
         if profile is not None:
@@ -263,7 +181,16 @@ def setup(
             info["profile"] = settings.profile or str(out_dir / "profile.json")
         (out_dir / "resources.json").write_text(json.dumps(info, indent=1, default=_json) + "\n")
     warmup = int(factory.cfg.get("warmup_iters", 1) or 1)
-    return ResourceDriver(res, rebalancer, int(factory.cfg["num_envs"]), warmup)
+    return RunTimeManager(
+        res,
+        int(factory.cfg["num_envs"]),
+        warmup,
+        elastic=elastic,
+        topology=topo,
+        out_dir=out_dir,
+        choice=choice,
+        trials=trials,
+    )
 
 
 def _json(o: Any) -> Any:
@@ -280,8 +207,6 @@ def shape_probes(
     envs of one env worker, a fresh copy of the run's policy acting on ``gen_threads``, and one
     learner update (every epoch and minibatch of a segment) on ``train_threads``."""
     import numpy as np
-
-    from ebrl.resources.profiler import gen_stage_fn, train_stage_fn
 
     cfg = factory.cfg
     ppo = ppo_config(cfg)
@@ -352,6 +277,3 @@ def choose_shape(
         Path(run_dir).mkdir(parents=True, exist_ok=True)
         choice.save(Path(run_dir))
     return choice
-
-
-__all__ = ["ResourceDriver", "Shape", "choose_shape", "setup", "shape_probes"]

@@ -42,10 +42,11 @@ from typing import Any
 import numpy as np
 
 from ebrl.resources.apply import affinity_guard, threads_guard
-from ebrl.resources.manager import trial_updates
+from ebrl.resources.manager import trial_plan
 from ebrl.resources.model import Shape, Workload
 from ebrl.resources.model import split_groups as env_groups
-from ebrl.resources.shape import ShapeChoice, ShapeTrials, recalibrate, shortlist
+from ebrl.resources.runtime import RunTimeManager
+from ebrl.resources.shape import ShapeChoice, ShapeTrials, shortlist
 from ebrl.runtime.backend import InProcessBackend, RayBackend, WorkerDied
 from ebrl.runtime.channel import Inbox, Outbox, new_authkey, node_ip
 from ebrl.runtime.dist import STRATEGIES
@@ -53,7 +54,6 @@ from ebrl.runtime.placement import Ask, Placement, cluster_nodes, describe, plac
 from ebrl.runtime.slots import ShmSlots, SlotSpec
 from ebrl.schedulers.base import IterationReport, RunContext, StageError
 from ebrl.schedulers.ebrl import manage
-from ebrl.schedulers.ebrl.manage import ResourceDriver
 from ebrl.schedulers.ebrl.messages import (
     Applied,
     Beat,
@@ -83,13 +83,13 @@ from ebrl.schedulers.ebrl.workers import EnvWorker, GenWorker, LearnerWorker, Pl
 log = logging.getLogger(__name__)
 
 
-def with_resources(plan: Plan, roles: Roles, resources: ResourceDriver | None) -> Plan:
+def with_resources(plan: Plan, roles: Roles, manager: RunTimeManager | None) -> Plan:
     """The plan with the resource manager's starting split (each replica its share of the
     generator's threads and cores)."""
-    if resources is None:
+    if manager is None:
         return plan
-    gen, train = resources.start_messages()
-    home = resources.resources.sim_home
+    gen, train = manage.start_messages(manager)
+    home = manager.resources.sim_home
     return dataclasses.replace(
         plan,
         home=home if home is not None else plan.home,
@@ -133,7 +133,8 @@ class EBRLScheduler:
             the shape was searched (the model's choice, the others it predicts within 10% of
             the best, and one group in lock step: :func:`ebrl.resources.shape.shortlist`), one
             after the other after the first update; the run then keeps the fastest. Fewer
-            updates where the trials would take over a quarter of the run (0: no trials).
+            updates and shapes where the trials would take over a quarter of the run
+            (:func:`ebrl.resources.manager.trial_plan`; 0: no trials).
         ray_address: ``local`` (a private Ray instance) or a cluster address.
         resources: Ray custom resources per role (``sim``, ``gen``, ``learner``) for placement.
         pin_sim: pin each env worker to a home core (round robin over this process's CPUs).
@@ -186,7 +187,6 @@ class EBRLScheduler:
     def __post_init__(self) -> None:
         self.shape_choice: ShapeChoice | None = None  # the last run's, when it was searched
         self._unlogged_shape: ShapeChoice | None = None
-        self._trials: ShapeTrials | None = None  # the shortlisted shapes, measured in the run
         if self.rebind and self.step_level is False:
             raise ValueError("scheduler.rebind needs scheduler.step_level=true (level 3)")
         if self.backend not in ("ray", "inprocess"):
@@ -354,7 +354,8 @@ class EBRLScheduler:
         handles: list = []
         book: dict[str, Any] = {DRIVER: inbox.address}  # worker name -> inbox address
         res = self.resources or {}
-        manager: ResourceDriver | None = None
+        manager: RunTimeManager | None = None
+        to_stages: manage.Links | None = None  # the manager's links to gen and learner
         try:
             options = self.placement(roles, backend, ctx.run_dir)
 
@@ -379,11 +380,11 @@ class EBRLScheduler:
             factory = factory.with_spec(spec)
             shape, self.shape_choice = self.shape(dataclasses.replace(ctx, factory=factory), roles)
             self._unlogged_shape = self.shape_choice
-            self._trials = None
+            trials = None
             if self.shape_choice is not None and self.reshape_window > 0:
                 short = shortlist(self.shape_choice)
-                each = trial_updates(self.reshape_window, factory.cfg, len(short))
-                self._trials = ShapeTrials(short, skip=1, updates=each)
+                n, each = trial_plan(self.reshape_window, factory.cfg, len(short))
+                trials = ShapeTrials(short[:n], skip=1, updates=each)
             plan = self.plan(ctx, roles, slots.spec, shape)
             manager = manage.setup(
                 factory,
@@ -392,6 +393,8 @@ class EBRLScheduler:
                 ctx.decisions_per_env,
                 run_dir=ctx.run_dir,
                 managed=ctx.manage_resources,
+                choice=self.shape_choice,
+                trials=trials,
             )
             plan = with_resources(plan, roles, manager)
             gens = [
@@ -422,16 +425,23 @@ class EBRLScheduler:
             links = wire(roles, book, board, dist)
             for h in handles:
                 h.start(links[h.name], plan)
-            if manager is not None:
-                manager.connect(book, authkey)
+            if manager is not None and manager.elastic is not None:
+                to_stages = manage.Links(book, authkey)
             restarts = _Restarts(
                 backend, factory, roles, authkey, host, res, options, book, plan,
-                self.max_restarts, board, dist, self._device("gen"), manager,
+                self.max_restarts, board, dist, self._device("gen"), manager, to_stages,
             )  # fmt: skip
+            if manager is not None:
+                manager.connect(
+                    send_split=to_stages.send if to_stages is not None else None,
+                    send_shape=lambda shape: self._reshape(shape, restarts),
+                )
             yield from self._relay(inbox, handles, ctx, plan, manager, restarts)
         finally:
             if manager is not None:
                 manager.close()
+            if to_stages is not None:
+                to_stages.close()
             self._shutdown(inbox, handles, backend, slots, book, authkey, ctx.timeline)
 
     def placement(self, roles: Roles, backend: Any, run_dir: Path | None = None) -> dict[str, dict]:
@@ -474,7 +484,7 @@ class EBRLScheduler:
         handles: list,
         ctx: RunContext,
         plan: Plan,
-        manager: ResourceDriver | None = None,
+        manager: RunTimeManager | None = None,
         restarts: _Restarts | None = None,
     ):
         """Yield the learner's reports; merge telemetry; replace dead env workers; turn any
@@ -493,15 +503,15 @@ class EBRLScheduler:
                     if restarts is not None:
                         metrics["fault/env_worker_restarts"] = float(restarts.sims)
                         metrics["fault/gen_restarts"] = float(restarts.gens)
-                    if manager is not None:
-                        metrics.update(manager.report(m.iteration, m.metrics))
+                    if manager is not None:  # the shape trials, Algorithm 1: both may move
+                        metrics.update(manager.report(m.iteration, m.env_steps, m.metrics))
+                        if manager.choice is not None:
+                            self.shape_choice = manager.choice
                     params: dict[str, Any] = {}
                     choice, self._unlogged_shape = self._unlogged_shape, None
                     if choice is not None:  # the first report carries the shape search's outcome
                         params = choice.params()
                         metrics.update(choice.metrics())
-                    if restarts is not None:  # the shape measured in situ, maybe changed
-                        metrics.update(self._measure_shape(m, ctx, restarts))
                     yield IterationReport(m.iteration, m.env_steps, metrics, params)
                 elif isinstance(m, Telemetry):
                     for span in m.spans:
@@ -509,12 +519,12 @@ class EBRLScheduler:
                     g = dict(m.gauges)
                     if manager is not None:
                         manager.gauges(g)
-                    for k in manage.COUNTERS:  # the allocator's inputs, not run metrics
+                    for k in manage.COUNTERS:  # the manager's inputs, not run metrics
                         g.pop(k, None)
                     by_worker.setdefault(m.worker, {}).update(g)
                 elif isinstance(m, Applied):
                     if manager is not None:
-                        manager.applied(m)
+                        manage.acknowledge(manager, m)
                 elif isinstance(m, Failed):
                     raise StageError(
                         m.worker, f"{m.error}\n--- worker traceback ---\n{m.traceback}"
@@ -543,25 +553,6 @@ class EBRLScheduler:
                     raise StageError(h.name, f"{type(e).__name__}: {e}") from e
                 if finished:
                     raise StageError(h.name, "the worker left its loop without being stopped")
-
-    def _measure_shape(self, rep: Report, ctx: RunContext, restarts: _Restarts) -> dict:
-        """The shortlisted shapes measured in the run, one after the other
-        (:class:`~ebrl.resources.shape.ShapeTrials`): move the run to the next one, and at the
-        end to the fastest; then refit the model to that rate (metrics once; ``shape.json``
-        rewritten)."""
-        trials = self._trials
-        if trials is None or self.shape_choice is None or trials.done:
-            return {}
-        move = trials.add(time.monotonic(), rep.env_steps)
-        if move is not None:
-            self._reshape(move, restarts)
-        if not trials.done:
-            return {}
-        rec = recalibrate(self.shape_choice, trials.trials, trials.seconds)
-        self.shape_choice = dataclasses.replace(self.shape_choice, recalibration=rec)
-        if ctx.run_dir is not None:
-            self.shape_choice.save(ctx.run_dir)
-        return rec.metrics()
 
     def _reshape(self, new: Shape, restarts: _Restarts) -> None:
         """Send ``new`` to every replica and env worker (they switch between two batches); new
@@ -697,13 +688,15 @@ class _Restarts:
         board: Any,
         dist: tuple[str, int] | None,
         gen_device: str,
-        manager: ResourceDriver | None,
+        manager: RunTimeManager | None,
+        to_stages: manage.Links | None = None,
     ) -> None:
         self.backend, self.factory, self.roles = backend, factory, roles
         self.authkey, self.host, self.resources = authkey, host, resources
         self.options, self.book = options, book
         self.plan, self.limit = plan, limit
         self.board, self.dist, self.gen_device, self.manager = board, dist, gen_device, manager
+        self.to_stages = to_stages
         self.sims = self.gens = 0  # replaced so far
         self.epochs: dict[int, int] = {}  # replica -> its current incarnation
         self.dead: list[Any] = []  # handles of dead processes (never polled again)
@@ -776,7 +769,9 @@ class _Restarts:
         out.send(Reconnect(r, address, via_board))
         out.close()
         if self.manager is not None and r == 0:
-            self.manager.replaced(name, self.book[name], self.authkey)
+            if self.to_stages is not None:
+                self.to_stages.relink(name, self.book[name])
+            self.manager.replaced(name)
         log.warning("%s: replaced (incarnation %d); its env workers rewired to it", name, epoch)
 
 

@@ -1,4 +1,5 @@
-"""The elastic allocator (the paper's Algorithm 1): balance gen and train throughputs.
+"""The elastic allocator's offline search (the paper's Algorithm 1): split a pool between gen and
+train.
 
 Offline: from a :class:`~ebrl.resources.profiler.Profile`, :func:`allocate` searches the split of
 a pool (cores/threads on CPU, SM percent on GPU) between gen and train, and their batch sizes, so
@@ -25,35 +26,20 @@ takes CPU from the simulators, so the pipeline's rate is not where two monotone 
 the bisection's premise fails; the search evaluates every split, which for a pool of threads is
 a few thousand evaluations at most.
 
-At run time :class:`ElasticAllocator` fires on either of two signals held for ``window``
-consecutive steps: the stages diverge from each other by more than ``threshold`` relative to what
-the allocation planned (:class:`DivergenceMonitor`), or a stage's throughput drifts more than
-``threshold`` from its own level under the current allocation (:class:`DriftMonitor`: a slower
-simulator slows the rollout and, on shared cores, training alike, which the first signal misses).
-It then blends the measured throughputs into the profile and searches again (the levels are
-set again after a new split or a drift, kept after a divergence that left the split), returning a
-:class:`Reallocation` record (cause, old, new, when, and, once the caller applied it, what applying
-cost).
-
-Everything here is pure except the clock, which is injectable.
+The run-time side: ``ebrl.resources.monitors`` (when to search again) and
+``ebrl.resources.elastic`` (:class:`~ebrl.resources.elastic.ElasticAllocator`).
 """
 
 from __future__ import annotations
 
 import bisect
-import contextlib
 import dataclasses
-import logging
 import math
-import time
-from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from ebrl.resources.plan import StageRequest
 from ebrl.resources.profiler import Profile
-
-log = logging.getLogger(__name__)
 
 Curve = Callable[[int], float]
 
@@ -268,18 +254,6 @@ def balance(gen: Curve, train: Curve, units: int, min_units: int = 1) -> Split:
     return dataclasses.replace(best, evaluations=evals)
 
 
-def balance_brute_force(gen: Curve, train: Curve, units: int, min_units: int = 1) -> Split:
-    """Reference for tests: try every split."""
-    best: Split | None = None
-    for g in range(min_units, units - min_units + 1):
-        fg, ft = gen(g), train(units - g)
-        cand = Split(g, min(fg, ft), fg, ft, 0)
-        best = cand if best is None else _better(cand, best)
-    if best is None:
-        raise AllocationError(f"balance: {units} units cannot give each side {min_units}")
-    return dataclasses.replace(best, evaluations=2 * (units - 2 * min_units + 1))
-
-
 def first_at_least(curve: Curve, target: float, lo: int, hi: int) -> tuple[int | None, int]:
     """Smallest ``u`` in ``[lo, hi]`` with ``curve(u) >= target`` on a non-decreasing curve.
 
@@ -300,16 +274,6 @@ def first_at_least(curve: Curve, target: float, lo: int, hi: int) -> tuple[int |
         else:
             a = mid + 1
     return a, evals
-
-
-def first_at_least_brute_force(
-    curve: Curve, target: float, lo: int, hi: int
-) -> tuple[int | None, int]:
-    """Reference for tests: :func:`first_at_least` by a linear scan."""
-    for u in range(lo, hi + 1):
-        if curve(u) >= target:
-            return u, u - lo + 1
-    return None, max(0, hi - lo + 1)
 
 
 def _batches(profile: Profile, stage: str, limit: int | None) -> list[int]:
@@ -461,30 +425,6 @@ def allocate(
     return dataclasses.replace(best[1], evaluations=evals)
 
 
-def allocate_brute_force(
-    profile: Profile,
-    pool: Pool,
-    max_gen_batch: int | None = None,
-    max_train_batch: int | None = None,
-    *,
-    sim_rate: float | None = None,
-    headroom: float = 0.15,
-    sim_workers: int | None = None,
-) -> Allocation:
-    """Reference for tests: :func:`allocate` trying every split."""
-    return allocate(
-        profile,
-        pool,
-        max_gen_batch,
-        max_train_batch,
-        search=balance_brute_force,
-        sim_rate=sim_rate,
-        headroom=headroom,
-        sufficient=first_at_least_brute_force,
-        sim_workers=sim_workers,
-    )
-
-
 def allocate_with_sims(
     profile: Profile,
     pool: Pool,
@@ -545,342 +485,3 @@ def stage_requests(
         StageRequest("gen", cores_per_process=alloc.gen_units, batch_size=alloc.gen_batch),
         StageRequest("train", cores_per_process=alloc.train_units, batch_size=alloc.train_batch),
     ]
-
-
-# --- run time ---------------------------------------------------------------------------------
-class _Window:
-    """A streak of steps past ``threshold``; fires after ``window`` of them, then starts over."""
-
-    def __init__(self, threshold: float, window: int) -> None:
-        if not 0.0 <= threshold < 1.0 or window < 1:
-            raise ValueError(
-                f"{type(self).__name__}: threshold={threshold} must be in [0, 1), "
-                f"window={window} >= 1"
-            )
-        self.threshold = threshold
-        self.window = window
-        self.streak = 0
-        self.last = 0.0
-
-    def _count(self, value: float) -> bool:
-        """Record this step's value; True when it completes a window past the threshold."""
-        self.last = value
-        self.streak = self.streak + 1 if value > self.threshold else 0
-        if self.streak >= self.window:
-            self.streak = 0
-            return True
-        return False
-
-
-class DivergenceMonitor(_Window):
-    """Fires when gen and train throughputs diverge for ``window`` consecutive steps.
-
-    Divergence is :func:`divergence`: ``(max - min) / max``. A step within the threshold resets
-    the count; firing resets it too, so a persisting divergence fires once per window.
-
-    Args:
-        threshold: relative gap that counts as divergent (strictly more than it).
-        window: consecutive divergent steps before firing.
-    """
-
-    def __init__(self, threshold: float = 0.15, window: int = 20) -> None:
-        super().__init__(threshold, window)
-
-    def update(self, gen_throughput: float, train_throughput: float) -> bool:
-        """Feed one step's throughputs; True when this step completes a divergent window."""
-        return self._count(divergence(gen_throughput, train_throughput))
-
-    def reset(self) -> None:
-        self.streak = 0
-
-
-class DriftMonitor(_Window):
-    """Fires when a stage's throughput drifts from its own level for ``window`` consecutive steps.
-
-    Each stage's level is the mean of its first ``window`` observations after a (re)start, i.e.
-    what it does under the allocation in force, measured where it runs (not the offline profile,
-    which a stage sharing cores with others never matches). Drift is ``|x / level - 1|``, the
-    largest over the stages. Firing resets the streak; :meth:`reset` (after a reallocation)
-    also forgets the levels.
-
-    Args:
-        threshold: relative change that counts as drift (strictly more than it).
-        window: steps that set the levels, then consecutive drifting steps before firing.
-    """
-
-    def __init__(self, threshold: float = 0.15, window: int = 20) -> None:
-        super().__init__(threshold, window)
-        self.stage = ""
-        self.levels: dict[str, float] = {}
-        self._seen: dict[str, list[float]] = {}
-
-    def update(self, rates: dict[str, float]) -> bool:
-        """Feed one step's throughputs by stage; True when this step completes a drifting window.
-
-        A stage with a non-finite or non-positive value this step is skipped.
-        """
-        drift, worst = 0.0, ""
-        for name, x in rates.items():
-            if not (math.isfinite(x) and x > 0):
-                continue
-            level = self.levels.get(name)
-            if level is None:
-                seen = self._seen.setdefault(name, [])
-                seen.append(x)
-                if len(seen) == self.window:
-                    self.levels[name] = sum(seen) / len(seen)
-                continue
-            d = abs(x / level - 1.0)
-            if d > drift:
-                drift, worst = d, name
-        self.stage = worst
-        return self._count(drift)
-
-    def reset(self) -> None:
-        self.streak = 0
-        self.levels.clear()
-        self._seen.clear()
-
-
-@dataclass(frozen=True)
-class Reallocation:
-    """One run-time reallocation decision.
-
-    Attributes:
-        cause: why (measured throughputs, divergence, window).
-        old: the allocation in force.
-        new: the allocation searched with the updated profile.
-        decided_at: clock time of the decision (``time.time()`` by default).
-        step: the caller's step counter at the decision, if given.
-        measured_gen: mean gen throughput over the divergent window.
-        measured_train: mean train throughput over it.
-        measured_sim: mean simulator (rollout) throughput over it (nan: not measured).
-        search_s: seconds the search took.
-        apply_cost_s: seconds the stages spent applying it (their own work: torch threads,
-            affinity, batch; a restart where a quota needs one), once reported.
-        apply_latency_s: seconds from the decision until it was in force on every stage, once
-            reported. A worker takes a reallocation between its calls, so this includes the
-            rest of the update in flight; the stages keep working meanwhile, on the old split.
-    """
-
-    cause: str
-    old: Allocation
-    new: Allocation
-    decided_at: float
-    step: int | None = None
-    measured_gen: float = 0.0
-    measured_train: float = 0.0
-    measured_sim: float = math.nan
-    search_s: float = 0.0
-    apply_cost_s: float | None = None
-    apply_latency_s: float | None = None
-
-    @property
-    def changed(self) -> bool:
-        """Whether there is anything to apply."""
-        return not self.old.same_split(self.new)
-
-
-class ElasticAllocator:
-    """Algorithm 1 at run time: re-search the split when stage throughputs diverge or drift.
-
-    Feed :meth:`observe` each step's stage *capacities* (items per busy second of each stage,
-    e.g. from timeline spans), not wall-clock rates: in a pipeline the faster stage waits for
-    the slower, so wall-clock rates converge whatever the split. ``sim`` is the rollout's rate
-    (decisions/s of time not held back by the staleness bound), which the simulators set when
-    the generator's capacity exceeds it.
-
-    Two signals, each held ``window`` consecutive steps, fire a search: gen and train diverge by
-    more than ``threshold`` relative to the throughputs the allocation predicted for them
-    (``monitor``), or a stage drifts more than ``threshold`` from its own level under the current
-    allocation (``drift``). On firing, each stage's curve in the profile is scaled by
-    ``(1 - blend) + blend * measured / predicted`` at the current operating point: the whole
-    curve shifts (episodes got shorter, a simulator slowed down), keeping its measured shape.
-    A stage that drifted (its window mean away from its own level by more than ``threshold``)
-    is scaled by ``measured / predicted`` in full: a window of steps away from its level is a
-    new level, not noise to damp.
-    The simulators' curve is scaled only when the rollout ran below the generator's capacity
-    (else the rollout says nothing about them).
-
-    Args:
-        profile: the offline profile.
-        pool: what gen and train split.
-        monitor: the divergence trigger (default 15% for 20 steps).
-        blend: weight of runtime measurements against the profile, in (0, 1].
-        max_gen_batch: passed to :func:`allocate`.
-        max_train_batch: passed to :func:`allocate`.
-        clock: wall clock for ``decided_at``.
-        sim_workers: env worker processes (with the profile's ``sim`` stage: the simulators'
-            rate, :func:`sim_rate`; 0: not modelled).
-        sim_batch: envs per worker (which profiled ``sim`` batch to read).
-        headroom: passed to :func:`allocate`.
-    """
-
-    def __init__(
-        self,
-        profile: Profile,
-        pool: Pool,
-        monitor: DivergenceMonitor | None = None,
-        blend: float = 0.5,
-        max_gen_batch: int | None = None,
-        max_train_batch: int | None = None,
-        clock: Callable[[], float] = time.time,
-        *,
-        sim_workers: int = 0,
-        sim_batch: int | None = None,
-        headroom: float = 0.15,
-    ) -> None:
-        if not 0.0 < blend <= 1.0:
-            raise ValueError(f"ElasticAllocator: blend={blend} must be in (0, 1]")
-        self.profile = profile
-        self.pool = pool
-        self.monitor = monitor or DivergenceMonitor()
-        self.drift = DriftMonitor(self.monitor.threshold, self.monitor.window)
-        self.blend = blend
-        self.limits = (max_gen_batch, max_train_batch)
-        self.clock = clock
-        self.sim_workers = sim_workers
-        self.sim_batch = sim_batch
-        self.headroom = headroom
-        self.current = self.search(profile)
-        self.history: list[Reallocation] = []
-        self._gen: deque[float] = deque(maxlen=self.monitor.window)
-        self._train: deque[float] = deque(maxlen=self.monitor.window)
-        self._sim: deque[float] = deque(maxlen=self.monitor.window)
-        log.info("initial allocation: %s", self.current.describe())
-
-    def search(self, profile: Profile) -> Allocation:
-        """:func:`allocate_with_sims` with this allocator's pool, limits and simulators."""
-        return allocate_with_sims(
-            profile, self.pool, self.sim_workers, self.sim_batch, *self.limits, self.headroom
-        )
-
-    def observe(
-        self,
-        gen_throughput: float,
-        train_throughput: float,
-        step: int | None = None,
-        sim_throughput: float | None = None,
-    ) -> Reallocation | None:
-        """Feed one step's measured stage capacities; a :class:`Reallocation` when it fires.
-
-        The record is returned (and kept in :attr:`history`) even when the new search lands on
-        the same split: ``changed`` says whether to apply it.
-        """
-        cur = self.current
-        self._gen.append(gen_throughput)
-        self._train.append(train_throughput)
-        sim = math.nan if sim_throughput is None else float(sim_throughput)
-        self._sim.append(sim)
-        pg = predict(self.profile, "gen", cur.gen_units, cur.gen_batch)
-        pt = predict(self.profile, "train", cur.train_units, cur.train_batch)
-        diverged = self.monitor.update(
-            gen_throughput / pg if pg > 0 else gen_throughput,
-            train_throughput / pt if pt > 0 else train_throughput,
-        )
-        rates = {"gen": gen_throughput, "train": train_throughput, "sim": sim}
-        drifted = self.drift.update(rates)
-        if not (diverged or drifted):
-            return None
-        mg = sum(self._gen) / len(self._gen)
-        mt = sum(self._train) / len(self._train)
-        sims = [x for x in self._sim if math.isfinite(x)]
-        ms = sum(sims) / len(sims) if sims else math.nan
-        w, th = self.monitor.window, self.monitor.threshold
-        why = []
-        if diverged:
-            why.append(
-                f"gen {mg:.1f}/s vs train {mt:.1f}/s: diverged more than {th:.0%} from the "
-                f"planned {pg:.1f}/s vs {pt:.1f}/s for {w} consecutive steps "
-                f"(last {self.monitor.last:.0%})"
-            )
-        if drifted:
-            levels = ", ".join(f"{k} {v:.1f}/s" for k, v in sorted(self.drift.levels.items()))
-            why.append(
-                f"{self.drift.stage} drifted more than {th:.0%} from its level under this "
-                f"allocation ({levels}) for {w} consecutive steps (last {self.drift.last:.0%}; "
-                f"now gen {mg:.1f}/s, train {mt:.1f}/s"
-                + (f", rollout {ms:.1f}/s)" if math.isfinite(ms) else ")")
-            )
-        cause = "; ".join(why)
-        t0 = time.perf_counter()
-        prof = self.profile
-        predicted = {"gen": pg, "train": pt}  # at the current split, before any rescaling
-        measured = {"gen": mg, "train": mt}
-        if math.isfinite(ms) and math.isfinite(cur.sim_throughput) and ms < mg * (1 - th):
-            # the rollout ran below the generator's capacity: the simulators set it
-            predicted["sim"], measured["sim"] = cur.sim_throughput, ms
-        # the stages whose window mean left their own level (every one of them, not only the
-        # worst of the firing step)
-        moved = {
-            k
-            for k, level in self.drift.levels.items()
-            if drifted and k in measured and abs(measured[k] / level - 1.0) > th
-        }
-        for stage, p in predicted.items():
-            if p > 0 and math.isfinite(measured[stage]):
-                # a stage that drifted from its own level for a whole window has a new level:
-                # taken as measured (blended, one firing would move the model only halfway, and
-                # the split could stay wrong until the next window); a divergence from the plan
-                # is blended with the profile
-                w = 1.0 if stage in moved else self.blend
-                prof = prof.scaled(stage, (1 - w) + w * measured[stage] / p)
-        self.profile = prof
-        new = self.search(prof)
-        r = Reallocation(
-            cause=cause,
-            old=cur,
-            new=new,
-            decided_at=self.clock(),
-            step=step,
-            measured_gen=mg,
-            measured_train=mt,
-            measured_sim=ms,
-            search_s=time.perf_counter() - t0,
-        )
-        self.current = new
-        self._gen.clear()
-        self._train.clear()
-        self._sim.clear()
-        self.monitor.reset()
-        if r.changed or drifted:
-            self.drift.reset()  # a new split, or a new normal accepted: levels are set again
-        else:
-            self.drift.streak = 0  # same split, same levels: a later slowdown still shows
-        self.history.append(r)
-        log.info(
-            "reallocation%s at step %s: %s; %s -> %s (search %.2f ms)",
-            "" if r.changed else " (split unchanged)",
-            step,
-            cause,
-            cur.describe(),
-            new.describe(),
-            r.search_s * 1e3,
-        )
-        return r
-
-    def applied(
-        self, realloc: Reallocation, cost_s: float, latency_s: float | None = None
-    ) -> Reallocation:
-        """Record what applying ``realloc`` cost the stages (``cost_s``) and how long after the
-        decision it was in force everywhere (``latency_s``; by default the cost: applied at
-        once)."""
-        latency = cost_s if latency_s is None else latency_s
-        done = dataclasses.replace(realloc, apply_cost_s=cost_s, apply_latency_s=latency)
-        for i, r in enumerate(self.history):
-            if r is realloc:
-                self.history[i] = done
-        log.info(
-            "reallocation applied (work %.3f s, in force %.3f s after the decision): %s",
-            cost_s,
-            latency,
-            realloc.new.describe(),
-        )
-        return done
-
-    @contextlib.contextmanager
-    def applying(self, realloc: Reallocation) -> Iterator[None]:
-        """Time the ``with`` block as the cost of applying ``realloc`` (recorded on success)."""
-        t0 = time.perf_counter()
-        yield
-        self.applied(realloc, time.perf_counter() - t0)

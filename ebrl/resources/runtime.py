@@ -1,0 +1,389 @@
+"""The resource manager while the run goes: one object on the driver, fed every event it acts on.
+
+:class:`RunTimeManager` holds the run's resources (the starting split), the shape trials
+(:class:`~ebrl.resources.shape.ShapeTrials`: the shortlisted shapes measured in the run, the
+fastest kept) and Algorithm 1 at run time (:class:`~ebrl.resources.elastic.ElasticAllocator`).
+The driver hands it:
+
+- each update's report (:meth:`report`): the trials advance and may move the run to another
+  shape; the rollout's and the learner's measured rates go to Algorithm 1, which may decide a
+  new gen/train split; it returns the ``resource/*`` and ``shape/*`` metrics of the update;
+- the generator's rollout counters, out of its telemetry (:meth:`gauges`);
+- each stage's acknowledgement of a split (:meth:`applied`): once both stages applied a
+  reallocation, its cost (the stages' own seconds applying it) and latency (decision to the last
+  acknowledgement: a stage takes it between calls) are logged, counted in the metrics and
+  appended to ``reallocations.jsonl`` in the run folder. A firing whose search keeps the split is
+  appended too (``changed: false``), so the file shows every time the trigger fired;
+- a replaced process (:meth:`replaced`): its counters start again, and it gets the split in force.
+
+What it decides goes out through two callables the driver connects (:meth:`connect`): a shape
+for every replica and env worker, a stage's resources for the generator or the learner. It knows
+nothing else of the engine.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import math
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ebrl.resources.elastic import ElasticAllocator, Reallocation
+from ebrl.resources.manager import ResourceSettings, RunResources, StageResources, split_resources
+from ebrl.resources.model import Shape
+from ebrl.resources.monitors import DivergenceMonitor
+from ebrl.resources.profiler import Profile
+from ebrl.resources.shape import ShapeChoice, ShapeTrials, recalibrate
+from ebrl.resources.split import Allocation, AllocationError
+from ebrl.resources.topology import Topology
+
+log = logging.getLogger(__name__)
+
+#: generator gauges the manager reads (cumulative), kept out of the run's metrics
+COUNTERS = (
+    "resource/gen_clock",
+    "resource/gen_decisions",
+    "resource/gen_blocked_env_s",
+    "resource/gen_busy_s",
+)
+
+#: a stage's resources to send: (role: "gen" | "learner", seq, resources)
+SendSplit = Callable[[str, int, StageResources], None]
+#: a shape to run from now on, for every replica and env worker
+SendShape = Callable[[Shape], None]
+
+
+class RolloutMeter:
+    """The rollout's decisions per second of time it was not held back by the staleness bound.
+
+    The generator reports cumulative counters: its clock, decisions issued, and env-seconds
+    during which ready envs waited only because acting on them would exceed the staleness bound.
+    Over an interval of ``dt`` seconds with ``n`` envs, the rollout was free for
+    ``dt - blocked / n`` seconds.
+    """
+
+    def __init__(self, num_envs: int) -> None:
+        self.num_envs = max(1, num_envs)
+        self.last: tuple[float, float, float] | None = None
+
+    def update(self, clock: float, decisions: float, blocked_env_s: float) -> float | None:
+        """Feed the counters; the capacity since the previous call (None: no new data)."""
+        prev, self.last = self.last, (clock, decisions, blocked_env_s)
+        if prev is None:
+            return None
+        dt = clock - prev[0]
+        free = dt - (blocked_env_s - prev[2]) / self.num_envs
+        # counters that went backwards: a replaced generator's, counting from zero again
+        if dt <= 0 or free <= 1e-3 * dt or decisions < prev[1]:
+            return None
+        return (decisions - prev[1]) / free
+
+
+def elastic_allocator(
+    profile: Profile,
+    current: RunResources,
+    settings: ResourceSettings,
+    max_gen_batch: int | None = None,
+    sim_workers: int = 0,
+) -> ElasticAllocator:
+    """Algorithm 1 for a run: its profile (train restricted to the run's minibatch), starting
+    from the run's allocation; fires on a divergence past ``rebalance_threshold`` held
+    ``rebalance_patience`` updates (set, or scaled to the run by the caller)."""
+    if current.allocation is None or current.pool is None:
+        raise AllocationError("elastic allocator: the run's resources carry no allocation")
+    if settings.rebalance_patience is None:
+        raise AllocationError("elastic allocator: rebalance_patience must be set (scaled_patience)")
+    allocator = ElasticAllocator(
+        profile,
+        current.pool,
+        DivergenceMonitor(settings.rebalance_threshold, int(settings.rebalance_patience)),
+        max_gen_batch=max_gen_batch,
+        sim_workers=sim_workers,
+        sim_batch=max_gen_batch,
+        headroom=settings.rebalance_threshold,
+    )
+    allocator.current = current.allocation
+    return allocator
+
+
+@dataclass
+class _Pending:
+    realloc: Reallocation
+    gen: StageResources
+    train: StageResources
+    decided: float
+    waiting: set[str] = field(default_factory=lambda: {"gen", "learner"})
+    work_s: float = 0.0  # the acknowledging stages' own seconds applying it, summed
+
+
+@dataclass(frozen=True)
+class Acknowledged:
+    """What a stage last reported it runs with."""
+
+    threads: int
+    cores: tuple[int, ...]
+    batch_min: int | None
+
+
+class RunTimeManager:
+    """The resource manager at run time (see the module's docstring).
+
+    Args:
+        resources: the run's starting split (with ``allocator=elastic``, its ``allocation`` and
+            ``pool`` are required).
+        num_envs: envs of the run (for the rollout meter).
+        warmup: updates before rates are fed to Algorithm 1 (start-up is not steady).
+        elastic: Algorithm 1 (None: a static split).
+        topology: for re-pinning a new split (needed when ``resources.pool_cores`` is set).
+        out_dir: the run folder: ``reallocations.jsonl`` and ``shape.json`` (None: log only).
+        choice: the shape search's outcome, when the shape was searched.
+        trials: the shortlisted shapes to measure in the run (None: none).
+        clock: wall clock of acknowledgements (injectable for tests).
+    """
+
+    def __init__(
+        self,
+        resources: RunResources,
+        num_envs: int,
+        warmup: int = 1,
+        *,
+        elastic: ElasticAllocator | None = None,
+        topology: Topology | None = None,
+        out_dir: Path | None = None,
+        choice: ShapeChoice | None = None,
+        trials: ShapeTrials | None = None,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        self.resources = resources
+        self.meter = RolloutMeter(num_envs)
+        self.warmup = max(1, warmup)
+        self.elastic = elastic
+        self.topology = topology
+        self.out_dir = out_dir
+        self.choice, self.trials = choice, trials
+        self.clock = clock
+        self.counters: dict[str, float] = {}
+        self.gen_last: tuple[float, float] | None = None  # (decisions, busy seconds)
+        self.seen: dict[str, Acknowledged] = {}
+        self.gen, self.train = resources.gen, resources.train
+        self.sent: dict[str, tuple[int, StageResources]] = {}  # the last split sent per role
+        self.seq = 0
+        self.pending: dict[int, _Pending] = {}
+        self.applied_count = 0
+        self.unchanged = 0
+        self.last = {k: math.nan for k in ("cost", "latency", "gen", "train", "rollout")}
+        self.send_split: SendSplit = lambda role, seq, res: None
+        self.send_shape: SendShape = lambda shape: None
+
+    # -- wiring --------------------------------------------------------------------------------
+    def connect(self, send_split: SendSplit | None = None, send_shape: SendShape | None = None):
+        """Where decisions go once the workers are up."""
+        if send_split is not None:
+            self.send_split = send_split
+        if send_shape is not None:
+            self.send_shape = send_shape
+
+    def replaced(self, role: str) -> None:
+        """``role``'s process was replaced: its rollout counters start again from zero, and it
+        gets the split in force (it started with the run's starting split)."""
+        self.meter.last = None
+        self.gen_last = None
+        for k in COUNTERS:
+            self.counters.pop(k, None)
+        if role in self.sent:
+            self.send_split(role, *self.sent[role])
+
+    # -- events --------------------------------------------------------------------------------
+    def gauges(self, gauges: dict[str, float]) -> None:
+        """Take the generator's rollout counters out of a telemetry message's gauges."""
+        for k in COUNTERS:
+            if k in gauges:
+                self.counters[k] = gauges.pop(k)
+
+    def applied(
+        self,
+        worker: str,
+        seq: int,
+        seconds: float,
+        threads: int,
+        cores: tuple[int, ...] = (),
+        batch_min: int | None = None,
+    ) -> Reallocation | None:
+        """A stage's acknowledgement of split ``seq`` (0: the starting one) and what it runs
+        with now; the completed record once both stages applied a reallocation."""
+        self.seen[worker] = Acknowledged(threads, tuple(cores), batch_min)
+        p = self.pending.get(seq) if seq > 0 else None
+        if p is None:
+            return None
+        if worker in p.waiting:
+            p.work_s += max(0.0, float(seconds))
+        p.waiting.discard(worker)
+        if p.waiting:
+            return None
+        del self.pending[seq]
+        latency = self.clock() - p.decided
+        assert self.elastic is not None
+        done = self.elastic.applied(p.realloc, p.work_s, latency)
+        self.applied_count += 1
+        self.last["cost"], self.last["latency"] = p.work_s, latency
+        self._record(done, p, applied=True)
+        log.info(
+            "reallocation %d at update %s in force %.3f s after the decision (%.4f s applying): "
+            "%s | gen %s | train %s",
+            seq, done.step, latency, p.work_s, done.cause, p.gen.describe(), p.train.describe(),
+        )  # fmt: skip
+        return done
+
+    def report(
+        self, iteration: int, env_steps: int, metrics: Mapping[str, float], at: float | None = None
+    ) -> dict[str, float]:
+        """Update ``iteration`` arrived (at ``at``, default now) with ``env_steps``: the shape
+        trials advance, Algorithm 1 observes; the metrics to add to the update's."""
+        out = self._shape(env_steps, time.monotonic() if at is None else at)
+        rollout, gen_cap = self._rates()
+        train = metrics.get("resource/train_per_s_update")
+        if rollout is not None:
+            out["resource/rollout_per_s_update"] = rollout
+        if gen_cap is not None:
+            out["resource/gen_per_s_update"] = gen_cap
+        if self.elastic is not None:
+            if iteration >= self.warmup and rollout is not None and train is not None:
+                gen = gen_cap if gen_cap is not None else rollout
+                self.rebalance(gen, float(train), iteration, rollout)
+            out.update(self.elastic_metrics())
+        for role, key in (("gen", "gen"), ("learner", "train")):
+            a = self.seen.get(role)
+            if a is not None:
+                out[f"resource/{key}_threads"] = float(a.threads)
+                out[f"resource/{key}_cores"] = float(len(a.cores))
+        g = self.seen.get("gen")
+        if g is not None and g.batch_min is not None:
+            out["resource/gen_batch"] = float(g.batch_min)
+        return out
+
+    def rebalance(
+        self, gen: float, train: float, step: int, rollout: float | None = None
+    ) -> tuple[int, StageResources, StageResources] | None:
+        """Algorithm 1's step on one update's measured capacities (the generator's, the
+        learner's, the rollout's): ``(seq, gen, train)`` when it decided a new split (sent), else
+        None (a firing that kept the split is recorded)."""
+        assert self.elastic is not None, "rebalance needs allocator=elastic"
+        self.last["gen"], self.last["train"] = gen, train
+        self.last["rollout"] = math.nan if rollout is None else rollout
+        r = self.elastic.observe(gen, train, step=step, sim_throughput=rollout)
+        if r is None:
+            return None
+        if not r.changed:  # the trigger fired, the search kept the split: recorded, nothing to do
+            self.unchanged += 1
+            self._record(r, _Pending(r, self.gen, self.train, self.clock()), applied=False)
+            return None
+        gen_res, train_res = split_resources(r.new, self.resources.pool_cores, self.topology)
+        self.seq += 1
+        self.pending[self.seq] = _Pending(r, gen_res, train_res, self.clock())
+        self.gen, self.train = gen_res, train_res
+        for role, res in (("gen", gen_res), ("learner", train_res)):
+            self.sent[role] = (self.seq, res)
+            self.send_split(role, self.seq, res)
+        return self.seq, gen_res, train_res
+
+    def close(self) -> None:
+        """Record reallocations decided but not acknowledged by both stages before the end."""
+        for p in self.pending.values():
+            self._record(p.realloc, p, applied=False)
+        self.pending.clear()
+
+    # -- metrics -------------------------------------------------------------------------------
+    def elastic_metrics(self) -> dict[str, float]:
+        """Algorithm 1's gauges for the run's metrics (and MLflow)."""
+        assert self.elastic is not None
+        a = self.elastic
+        return {
+            "resource/reallocations": float(self.applied_count),
+            "resource/rebalances_unchanged": float(self.unchanged),
+            "resource/realloc_cost_s": self.last["cost"],
+            "resource/realloc_latency_s": self.last["latency"],
+            "resource/rollout_per_s": self.last["rollout"],
+            "resource/gen_per_s": self.last["gen"],
+            "resource/train_per_s": self.last["train"],
+            "resource/divergence": a.monitor.last,
+            "resource/divergent_streak": float(a.monitor.streak),
+            "resource/drift": a.drift.last,
+            "resource/drift_streak": float(a.drift.streak),
+        }
+
+    # -- internals -----------------------------------------------------------------------------
+    def _shape(self, env_steps: int, at: float) -> dict[str, float]:
+        """The trials' step: move on when they say, and once at their end refit the model to the
+        shape kept (its metrics; ``shape.json`` rewritten)."""
+        trials, choice = self.trials, self.choice
+        if trials is None or choice is None or trials.done:
+            return {}
+        move = trials.add(at, env_steps)
+        if move is not None:
+            self.send_shape(move)
+        if not trials.done:
+            return {}
+        rec = recalibrate(choice, trials.trials, trials.seconds)
+        self.choice = dataclasses.replace(choice, recalibration=rec)
+        if self.out_dir is not None:
+            self.choice.save(self.out_dir)
+        return rec.metrics()
+
+    def _rates(self) -> tuple[float | None, float | None]:
+        """The rollout's capacity and the generator's (decisions per busy second) since the last
+        update, from the generator's counters (None: not measured)."""
+        c = self.counters
+        if not all(k in c for k in COUNTERS):
+            return None, None
+        rollout = self.meter.update(
+            c["resource/gen_clock"], c["resource/gen_decisions"], c["resource/gen_blocked_env_s"]
+        )
+        now = (c["resource/gen_decisions"], c["resource/gen_busy_s"])
+        prev, self.gen_last = self.gen_last, now
+        gen_cap = None
+        if prev is not None and now[1] - prev[1] > 0 and now[0] >= prev[0]:
+            gen_cap = (now[0] - prev[0]) / (now[1] - prev[1])
+        return rollout, gen_cap
+
+    def _record(self, r: Reallocation, p: _Pending, applied: bool) -> None:
+        if self.out_dir is None or self.elastic is None:
+            return
+        row = {
+            "step": r.step,
+            "changed": r.changed,
+            "applied": applied,
+            "cause": r.cause,
+            "measured_gen": r.measured_gen,
+            "measured_train": r.measured_train,
+            "measured_sim": None if math.isnan(r.measured_sim) else r.measured_sim,
+            "old": _alloc_dict(r.old),
+            "new": _alloc_dict(r.new),
+            "gen": dataclasses.asdict(p.gen),
+            "train": dataclasses.asdict(p.train),
+            "search_s": r.search_s,
+            "apply_cost_s": r.apply_cost_s,
+            "apply_latency_s": r.apply_latency_s,
+            "decided_at": r.decided_at,
+        }
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        with (self.out_dir / "reallocations.jsonl").open("a") as f:
+            f.write(json.dumps(row) + "\n")
+
+
+def _alloc_dict(a: Allocation) -> dict[str, Any]:
+    return {
+        "gen_units": a.gen_units,
+        "train_units": a.train_units,
+        "gen_batch": a.gen_batch,
+        "train_batch": a.train_batch,
+        "gen_throughput": a.gen_throughput,
+        "train_throughput": a.train_throughput,
+        "sim_throughput": a.sim_throughput if math.isfinite(a.sim_throughput) else None,
+        "unused_units": a.unused_units,
+        "unit": a.pool.unit,
+    }
