@@ -255,31 +255,13 @@ def test_one_manager_measures_the_shortlist_from_the_reports_and_keeps_the_faste
     assert m.report(len(short) + 1, 100, {}, at=99.0) == {}  # the trials are over: nothing more
 
 
-def test_algorithm_1_waits_for_the_shape_trials(tmp_path):
-    """A split moved while the trials compare shapes would confound their rates: the rates go
-    to Algorithm 1 only once the trials are over."""
-    from ebrl.resources.runtime import COUNTERS
+def test_shape_trials_need_the_search_choice():
     from ebrl.resources.shape import ShapeTrials, search, shortlist
 
     from .test_shape_search import WORK, costs
 
     choice = search(costs(tail=3.0, busy=0.05), WORK, None, None, None, 0.005)
-    prof = restrict_train_batch(fake_profile(gen_per_thread=1000, train_per_thread=500), 16)
-    s = ResourceSettings(allocator="elastic", gen_threads=1, train_threads=2, rebalance_patience=1)
-    res = initial_resources(s, TOPO, 2, prof, max_gen_batch=2)
-    m = RunTimeManager(
-        res, 4, 1, elastic=elastic_allocator(prof, res, s, 2), topology=TOPO, choice=choice,
-        trials=ShapeTrials(shortlist(choice)[:2], skip=1, updates=1, settle=0),
-    )  # fmt: skip
-    observed = []
-    m.rebalance = lambda *args: observed.append(args)  # type: ignore[method-assign]
-    for i in range(5):  # counters that make a rollout rate each update
-        m.gauges(dict(zip(COUNTERS, (float(i), 100.0 * i, 0.0, 0.5 * i), strict=True)))
-        m.report(i, 100, {"resource/train_per_s_update": 400.0}, at=float(i))
-    # updates 0 (skip), 1 (the first shape), 2 (the second: the trials end) are the trials';
-    # 3 and 4 reach Algorithm 1
-    assert m.trials is not None and m.trials.done
-    assert [args[2] for args in observed] == [3, 4]
+    res = initial_resources(ResourceSettings(), TOPO, 2, None, max_gen_batch=8)
     with pytest.raises(ValueError, match="trials need the shape search"):
         RunTimeManager(res, 4, trials=ShapeTrials(shortlist(choice)))
 

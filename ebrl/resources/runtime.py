@@ -6,9 +6,8 @@ fastest kept) and Algorithm 1 at run time (:class:`~ebrl.resources.elastic.Elast
 The driver hands it:
 
 - each update's report (:meth:`report`): the trials advance and may move the run to another
-  shape; once they are over, the rollout's and the learner's measured rates go to Algorithm 1,
-  which may decide a new gen/train split; it returns the ``resource/*`` and ``shape/*`` metrics
-  of the update;
+  shape; the rollout's and the learner's measured rates go to Algorithm 1, which may decide a
+  new gen/train split; it returns the ``resource/*`` and ``shape/*`` metrics of the update;
 - the generator's rollout counters, out of its telemetry (:meth:`gauges`);
 - each stage's acknowledgement of a split (:meth:`applied`): once both stages applied a
   reallocation, its cost (the stages' own seconds applying it) and latency (decision to the last
@@ -247,9 +246,6 @@ class RunTimeManager:
     ) -> dict[str, float]:
         """Update ``iteration`` arrived (at ``at``, default now) with ``env_steps``: the shape
         trials advance, Algorithm 1 observes; the metrics to add to the update's."""
-        # Algorithm 1 waits for the shape trials (this update's rates are still theirs): a split
-        # moved under them would confound the rates they compare
-        trials_over = self.trials is None or self.trials.done
         out = self._shape(env_steps, time.monotonic() if at is None else at)
         rollout, gen_cap = self._rates()
         train = metrics.get("resource/train_per_s_update")
@@ -259,7 +255,7 @@ class RunTimeManager:
             out["resource/gen_per_s_update"] = gen_cap
         if self.elastic is not None:
             ready = iteration >= self.warmup and rollout is not None and train is not None
-            if ready and trials_over:
+            if ready:
                 gen = gen_cap if gen_cap is not None else rollout
                 self.rebalance(gen, float(train), iteration, rollout)
             out.update(self.elastic_metrics())
