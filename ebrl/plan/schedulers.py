@@ -443,8 +443,9 @@ def plan_one(
             s.costs, s.work, s.shapes, layout=s.layout, seeds=seeds, updates=updates, warmup=warmup
         )
     searched = next((p for p in ranked if p.shape == chosen), None)
-    if searched is not None and not keep:  # the search played it already, with these seeds
-        plays, pred = [], searched
+    if searched is not None:  # the search played it already, with these seeds
+        pred = searched
+        plays = [play(s.costs, s.work, chosen, s.layout, updates, warmup, seeds[0])] if keep else []
     else:
         plays = [play(s.costs, s.work, chosen, s.layout, updates, warmup, sd) for sd in seeds]
         pred = mean_prediction([p.prediction for p in plays])
