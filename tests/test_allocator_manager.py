@@ -363,3 +363,6 @@ def test_patience_scales_with_the_run_unless_set():
     assert scaled_patience(None, cfg(iterations=None, env_steps=16_000)) == 2
     assert scaled_patience(7, cfg(iterations=10)) == 7  # a pinned value is kept
     assert scaled_patience(None, {}) == 20  # nothing known: the paper's 20
+    # a minutes budget, through the search's predicted seconds per update: 10 min / 2 s
+    assert scaled_patience(None, {"budget": {"minutes": 10}}, update_s=2.0) == 20
+    assert scaled_patience(None, {"budget": {"minutes": 1}}, update_s=2.0) == 3  # 30 updates

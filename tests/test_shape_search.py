@@ -338,3 +338,19 @@ def test_trials_take_at_most_a_quarter_of_the_run() -> None:
     # an env-step budget: 200k steps of 16 envs x 50 steps = 250 updates
     cfg = {"budget": {"env_steps": 200_000}, "num_envs": 16, "rollout_steps": 50}
     assert trial_plan(5, cfg, 3) == (3, 5)
+
+
+def test_trials_fit_a_minutes_budget_through_the_predicted_update_time() -> None:
+    """A run bounded by wall-clock minutes sizes its trials by the updates the search predicts
+    it will make: 2 minutes at 3 s an update is 40 updates (three shapes, 2 updates each); at
+    12 s an update, 10 updates (the first shape only). Without a prediction the minutes say
+    nothing about updates; the count of another budget that ends the run first wins."""
+    from ebrl.resources.manager import run_updates, trial_plan
+
+    cfg = {"budget": {"minutes": 2.0}}
+    assert run_updates(cfg, update_s=3.0) == 40
+    assert trial_plan(3, cfg, 3, update_s=3.0) == (3, 2)
+    assert trial_plan(3, cfg, 3, update_s=12.0) == (1, 2)
+    assert run_updates(cfg) == 200  # no prediction: the default
+    assert run_updates({"budget": {"minutes": 2.0, "iterations": 10}}, update_s=1.0) == 10
+    assert run_updates({"budget": {"minutes": 0.01}}, update_s=60.0) == 1  # at least one

@@ -120,24 +120,34 @@ class ResourceSettings(ResourcesNode):
         return cls(**kw)
 
 
-def run_updates(cfg: Mapping[str, Any], default: int = 200) -> int:
-    """The run's updates: ``budget.iterations``, or its env-step budget over the env steps of
-    one update (whichever ends it first); ``default`` when neither is set."""
+def run_updates(cfg: Mapping[str, Any], default: int = 200, update_s: float | None = None) -> int:
+    """The run's updates: the first of its budgets to end it. ``budget.iterations``; its
+    env-step budget over the env steps of one update; its ``budget.minutes`` over
+    ``update_s``, the seconds an update is expected to take (the shape search's prediction;
+    without one a minutes budget cannot be turned into updates and is left out). ``default``
+    when no budget gives a count."""
     budget = cfg.get("budget") or {}
     per_update = int(cfg.get("num_envs", 1)) * max(1, int(cfg.get("rollout_steps", 1)))
-    limits = [budget.get("iterations"), None]
+    limits: list[int] = []
+    if budget.get("iterations"):
+        limits.append(int(budget["iterations"]))
     if budget.get("env_steps"):
-        limits[1] = math.ceil(int(budget["env_steps"]) / max(1, per_update))
-    return min((int(x) for x in limits if x), default=default)
+        limits.append(math.ceil(int(budget["env_steps"]) / max(1, per_update)))
+    if budget.get("minutes") and update_s is not None and update_s > 0:
+        limits.append(max(1, int(60 * float(budget["minutes"]) / update_s)))
+    return min(limits, default=default)
 
 
-def scaled_patience(patience: int | None, cfg: Mapping[str, Any]) -> int:
+def scaled_patience(
+    patience: int | None, cfg: Mapping[str, Any], update_s: float | None = None
+) -> int:
     """Updates a divergence must last before the split is searched again: ``patience`` when
-    set, else a tenth of the run's updates (:func:`run_updates`), between 2 and 20, so that a
-    drift can fire in a 10-update CPU sweep as in a 10-hour cluster run."""
+    set, else a tenth of the run's updates (:func:`run_updates`, ``update_s`` its expected
+    seconds an update), between 2 and 20, so that a drift can fire in a 10-update CPU sweep as
+    in a 10-hour cluster run."""
     if patience is not None:
         return int(patience)
-    return max(2, min(20, run_updates(cfg) // 10))
+    return max(2, min(20, run_updates(cfg, update_s=update_s) // 10))
 
 
 #: the share of a run's updates its shape trials may take, with the updates that settle
@@ -145,14 +155,19 @@ TRIAL_SHARE = 0.25
 
 
 def trial_plan(
-    window: int, cfg: Mapping[str, Any], shapes: int, settle: int = 1
+    window: int,
+    cfg: Mapping[str, Any],
+    shapes: int,
+    settle: int = 1,
+    update_s: float | None = None,
 ) -> tuple[int, int]:
     """How many of ``shapes`` shortlisted shapes a run measures, and for how many updates each:
     ``window`` updates at most, and all of it (each shape after the first also ``settle``
-    updates after its move) within a quarter of the run's updates (:func:`run_updates`): a
-    10-update run measures its first shape only, a 40-update run three of them for 2 updates.
-    The first shape (the one the run starts with) is measured at least once."""
-    budget = int(run_updates(cfg) * TRIAL_SHARE)
+    updates after its move) within a quarter of the run's updates (:func:`run_updates`, with
+    ``update_s`` the expected seconds of an update for a minutes budget): a 10-update run
+    measures its first shape only, a 40-update run three of them for 2 updates. The first
+    shape (the one the run starts with) is measured at least once."""
+    budget = int(run_updates(cfg, update_s=update_s) * TRIAL_SHARE)
     n = max(1, shapes)
     while n > 1 and n + settle * (n - 1) > budget:
         n -= 1

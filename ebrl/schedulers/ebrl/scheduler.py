@@ -383,7 +383,12 @@ class EBRLScheduler:
             trials = None
             if self.shape_choice is not None and self.reshape_window > 0:
                 short = shortlist(self.shape_choice)
-                n, each = trial_plan(self.reshape_window, factory.cfg, len(short))
+                n, each = trial_plan(
+                    self.reshape_window,
+                    factory.cfg,
+                    len(short),
+                    update_s=self.shape_choice.predicted_update_s(),
+                )
                 trials = ShapeTrials(short[:n], skip=1, updates=each)
             plan = self.plan(ctx, roles, slots.spec, shape)
             manager = manage.setup(
