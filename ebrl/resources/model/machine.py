@@ -117,7 +117,6 @@ class Machine:
         self._since: dict[int, float] = {}
         self._seq = itertools.count()
         self._running: dict[int, Job] = {}
-        self._timer_set: set[float] = set()  # the times in ``timers`` (a membership test)
 
     @property
     def running(self) -> list[Job]:
@@ -218,8 +217,7 @@ class Machine:
 
     def timer(self, at: float) -> None:
         """Wake the model at ``at`` (once per distinct time)."""
-        if at not in self._timer_set:
-            self._timer_set.add(at)
+        if at not in self.timers:
             heapq.heappush(self.timers, at)
 
     def advance(self) -> bool:
@@ -236,7 +234,7 @@ class Machine:
             self.idle += at - self.now
         self.now = at
         while self.timers and self.timers[0] <= self.now + _EPS:
-            self._timer_set.discard(heapq.heappop(self.timers))
+            heapq.heappop(self.timers)
         finished: list[Job] = []
         while self._next and self._next_pool() <= self.now + _EPS:
             _, _, p = heapq.heappop(self._next)
@@ -253,26 +251,20 @@ class Machine:
             del self._running[j.seq]
             for p, _ in j.uses:
                 self._on_pool[p].discard(j.seq)
-        # release every finished job's demand, then set each touched pool's speed once (the
-        # speeds in between would hold for no time)
-        touched: dict[str, None] = {}
-        count, demand, jobs = self._count, self._demand, self._jobs
         for j in finished:
             for p, d in j.uses or ((DELAY, 0.0),):
-                count[p] -= 1
-                demand[p] -= d
-                if p in jobs:
-                    del jobs[p][j.seq]
-                touched[p] = None
+                self._count[p] -= 1
+                self._demand[p] -= d
+                if p in self._jobs:
+                    del self._jobs[p][j.seq]
+                self._respeed(p)
             for p, d in j.loads:
-                count[p] -= 1
-                demand[p] -= d
-                if p in jobs:
-                    del jobs[p][-j.seq - 1]
-                touched[p] = None
+                self._count[p] -= 1
+                self._demand[p] -= d
+                if p in self._jobs:
+                    del self._jobs[p][-j.seq - 1]
+                self._respeed(p)
             self.spans.append(Span(j.kind, j.track, j.start, self.now, j.args))
-        for p in touched:
-            self._respeed(p)
         for j in finished:
             j.done()
         return True
