@@ -195,14 +195,14 @@ class ShapeChoice:
             **({"recalibration": self.recalibration.to_dict()} if self.recalibration else {}),
         }
 
+    def prediction(self) -> Prediction:
+        """The chosen shape's prediction (its ``update_s`` turns a minutes budget into
+        updates: :func:`ebrl.resources.manager.run_updates`)."""
+        return next(p for p in self.ranked if p.shape == self.shape)
+
     def predicted(self) -> float:
         """The chosen shape's predicted env steps per second."""
-        return next(p.throughput for p in self.ranked if p.shape == self.shape)
-
-    def predicted_update_s(self) -> float:
-        """The chosen shape's predicted seconds per update (what turns a minutes budget into
-        updates: :func:`ebrl.resources.manager.run_updates`)."""
-        return next(p.update_s for p in self.ranked if p.shape == self.shape)
+        return self.prediction().throughput
 
     def metrics(self) -> dict[str, float]:
         """MLflow metrics of the search: its cost and its prediction."""

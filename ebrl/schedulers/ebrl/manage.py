@@ -144,7 +144,7 @@ def setup(
     if not managed:
         return None
     settings = ResourceSettings.from_config(factory.cfg.get("resources") or {})
-    update_s = choice.predicted_update_s() if choice is not None else None
+    update_s = choice.prediction().update_s if choice is not None else None
     patience = scaled_patience(settings.rebalance_patience, factory.cfg, update_s)
     settings = dataclasses.replace(settings, rebalance_patience=patience)
     topo = topology or Topology(tuple(discover_cores()))

@@ -387,7 +387,7 @@ class EBRLScheduler:
                     self.reshape_window,
                     factory.cfg,
                     len(short),
-                    update_s=self.shape_choice.predicted_update_s(),
+                    update_s=self.shape_choice.prediction().update_s,
                 )
                 trials = ShapeTrials(short[:n], skip=1, updates=each)
             plan = self.plan(ctx, roles, slots.spec, shape)
