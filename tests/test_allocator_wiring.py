@@ -69,12 +69,33 @@ def test_static_default_runs_as_before(tiny_cfg, tmp_path, applied, monkeypatch)
 
 
 def test_resource_threads_and_batch_reach_the_workers(tiny_cfg, applied):
+    """With the levels pinned there is no shape search: the configured threads are the run's."""
+    levels = ["scheduler.pipeline=true", "scheduler.step_level=true"]
     cfg = tiny_cfg(
-        [*EBRL, "resources.gen_threads=2", "resources.train_threads=3", "resources.gen_batch=2"]
-    )
+        [*EBRL, *levels, "resources.gen_threads=2", "resources.train_threads=3",
+         "resources.gen_batch=2"]
+    )  # fmt: skip
     train(cfg)
     gen, learner = last(applied, "gen"), last(applied, "learner")
     assert (gen.threads, gen.batch_min, learner.threads) == (2, 2, 3)
+
+
+def test_the_searched_threads_reach_the_workers(tiny_cfg, tmp_path, applied):
+    """A searched shape carries its thread split, at most the configured threads, and the
+    workers run it (shape.json says which; the trials off so the start split stays)."""
+    cfg = tiny_cfg([*EBRL, "threads.gen=2", "threads.train=2", "scheduler.reshape_window=0"])
+    train(cfg)
+    info = json.loads((tmp_path / "run" / "shape.json").read_text())
+    want = (info["shape"]["gen_threads"], info["shape"]["train_threads"])
+    assert set(info["costs_by_threads"]) == {"1+1", "1+2", "2+1", "2+2"}
+    assert {(p["gen_threads"], p["train_threads"]) for p in info["predictions"]} == {
+        (1, 1),
+        (1, 2),
+        (2, 1),
+        (2, 2),
+    }
+    gen, learner = last(applied, "gen"), last(applied, "learner")
+    assert (gen.threads, learner.threads) == want
 
 
 @two_cores

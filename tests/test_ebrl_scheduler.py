@@ -143,6 +143,48 @@ def test_levels_shape_the_schedule(monkeypatch):
     assert any(s.start < tr.end and s.end > tr.start for tr in trains for s in sims)
 
 
+def test_a_trial_of_another_thread_split_moves_the_generator_and_the_learner(monkeypatch, tmp_path):
+    """A shortlisted shape that differs only in its threads: the move sends the new split to
+    the replica and the learner (torch threads set in their workers), and the run goes on."""
+    import dataclasses
+
+    from ebrl.schedulers.ebrl import scheduler as sched_mod
+    from ebrl.schedulers.ebrl import workers
+
+    applied = []
+    orig_apply = workers._Worker.apply_resources
+
+    def spy_apply(self, msg):
+        done = orig_apply(self, msg)
+        applied.append(done)
+        return done
+
+    monkeypatch.setattr(workers._Worker, "apply_resources", spy_apply)
+
+    def other(choice):
+        g, t = choice.shape.threads
+        return (choice.shape, dataclasses.replace(choice.shape, threads=(g, 3 - t)))
+
+    monkeypatch.setattr(sched_mod, "shortlist", other)
+    cfg = fake_cfg(["threads.gen=1", "threads.train=2", "budget.iterations=12"])
+    sched = EBRLScheduler(backend="inprocess", pipeline=None, step_level=False, reshape_window=1)
+    _, ctx = context(cfg)
+    ctx = dataclasses.replace(ctx, manage_resources=True, run_dir=tmp_path)
+    gen = sched.run(ctx)
+    try:
+        reports = [next(gen) for _ in range(5)]
+    finally:
+        gen.close()
+    start = sched.shape_choice.shape.threads
+    assert start is not None
+    moved = (start[0], 3 - start[1])
+    learner = [a.threads for a in applied if a.worker == "learner"]
+    assert learner[0] == start[1] and moved[1] in learner[1:]
+    rec = sched.shape_choice.recalibration
+    assert rec is not None and [t.shape.threads for t in rec.trials] == [start, moved]
+    assert reports[3].metrics["shape/final_train_threads"] == float(rec.after.threads[1])
+
+
 def test_stage_exception_names_the_stage():
     cfg = fake_cfg(["simulator.fail_after_steps=5"])
     sched = EBRLScheduler(backend="inprocess")

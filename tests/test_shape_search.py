@@ -21,7 +21,7 @@ from ebrl.resources.model import (
     simulate,
     split_groups,
 )
-from ebrl.resources.shape import Probes, gen_batches_for, measure, search
+from ebrl.resources.shape import Probes, gen_batches_for, measure, search, thread_options
 
 #: two env workers of 8 envs, segments of 8 decisions, k = 1, 2 cores, chunks of 4
 WORK = Workload((tuple(range(8)), tuple(range(8, 16))), 8, 1, 2.0, 4)
@@ -185,7 +185,9 @@ def test_measure_fits_the_generator_and_reads_how_busy_a_stage_keeps_the_cpu() -
         gen_call=lambda b: spin(0.002 + 0.0005 * b),
         train_update=lambda: spin(0.01),
     )
-    c, took = measure(probes, [1, 4, 8], sim_rounds=3, gen_repeats=3)
+    table, took = measure(probes, [1, 4, 8], sim_rounds=3, gen_repeats=3)
+    assert list(table) == [(1, 1)]  # the threads of neither stage searched
+    c = table[1, 1]
     assert len(c.sim_chunk_s) >= 6 and len(c.sim_chunk_s) % 2 == 0  # whole rounds
     assert c.sim_busy < 0.5
     assert c.gen_busy > 0.5
@@ -193,6 +195,65 @@ def test_measure_fits_the_generator_and_reads_how_busy_a_stage_keeps_the_cpu() -
     assert c.gen_fixed_s == pytest.approx(0.002, abs=0.0015)
     assert c.train_s == pytest.approx(0.01, rel=0.5)
     assert took > 0
+
+
+def test_measure_times_each_stage_at_every_thread_count_it_may_get() -> None:
+    """The generator and the learner run on the threads ``measure`` sets before each call;
+    every (gen, train) split of the counts gets a cost set, fewest threads first."""
+    import torch
+
+    def spin(seconds: float) -> None:
+        end = time.perf_counter() + seconds
+        while time.perf_counter() < end:
+            pass
+
+    seen: set[tuple[str, int]] = set()
+
+    def gen(b: int) -> None:
+        seen.add(("gen", torch.get_num_threads()))
+        spin(0.004 / torch.get_num_threads())
+
+    def train() -> None:
+        seen.add(("train", torch.get_num_threads()))
+        spin(0.02 / torch.get_num_threads())  # a learner that scales perfectly (fake)
+
+    before = torch.get_num_threads()
+    probes = Probes(2, lambda i: time.sleep(0.001), gen, train)
+    table, _ = measure(probes, [1, 2], gen_threads=(1, 2), train_threads=(1, 2))
+    assert list(table) == [(1, 1), (1, 2), (2, 1), (2, 2)]
+    assert seen == {("gen", 1), ("gen", 2), ("train", 1), ("train", 2)}
+    assert table[1, 2].train_s == pytest.approx(table[1, 1].train_s / 2, rel=0.3)
+    assert table[2, 1].gen_fixed_s == pytest.approx(table[1, 1].gen_fixed_s / 2, rel=0.4)
+    assert table[1, 1].sim_chunk_s == table[2, 2].sim_chunk_s  # the simulator timed once
+    assert torch.get_num_threads() == before  # restored
+
+
+def test_thread_options_are_powers_of_two_up_to_the_bound() -> None:
+    assert thread_options(1) == (1,)
+    assert thread_options(2) == (1, 2)
+    assert thread_options(6) == (1, 2, 4, 6)
+
+
+def test_the_search_gives_a_thread_only_where_it_pays() -> None:
+    """The learner paces the run (a 1.2 s update against a 0.5 s rollout of waiting
+    simulators). A second thread that halves the update is taken; one that only keeps a second
+    core busy is not (fewer threads are the simpler shape)."""
+    base = dataclasses.replace(costs(busy=0.02), train_s=1.2)
+    scales = {(1, 1): base, (1, 2): dataclasses.replace(base, train_s=0.6, train_busy=2.0)}
+    flat = {(1, 1): base, (1, 2): dataclasses.replace(base, train_busy=2.0)}
+    assert search(scales, WORK, None, None, None, 0.005).shape.threads == (1, 2)
+    choice = search(flat, WORK, None, None, None, 0.005)
+    assert choice.shape.threads == (1, 1)
+    assert {s.threads for s in choice.shapes} == {(1, 1), (1, 2)}
+    assert choice.chosen_costs() is base
+    assert set(choice.to_dict()["costs_by_threads"]) == {"1+1", "1+2"}
+    assert choice.params()["shape/train_threads"] == 1
+
+
+def test_a_search_at_one_split_leaves_the_threads_to_the_run() -> None:
+    choice = search({(1, 2): costs()}, WORK, None, None, None, 0.005)
+    assert choice.shape.threads is None and all(s.threads is None for s in choice.shapes)
+    assert "costs_by_threads" not in choice.to_dict()
 
 
 def test_measure_releases_the_probes_even_when_a_stage_fails() -> None:

@@ -1,12 +1,15 @@
-"""The run's shape (env groups G, step level, M), chosen from a short profile of its own stages.
+"""The run's shape (env groups G, step level, M, the generator's and the learner's threads),
+chosen from a short profile of its own stages.
 
 ``measure`` times this run's simulator env by env, its generator at a few batch sizes and one
-learner update, on the threads the run will use (about two seconds on the embedded default);
-``search`` plays every candidate shape through the schedule model (``ebrl.resources.model``) on
-those costs and keeps the fastest, unless a simpler shape is within 2% of it. Where the step
-costs are uniform and the simulators keep every core busy, that is one group in lock step (the
-Async schedule); where the simulators wait or their step latency has a tail, pipelining and the
-step level pay, and the search takes them.
+learner update, at each thread count the run may give them (about three seconds on the
+embedded default); ``search`` plays every candidate shape at every thread split through the
+schedule model (``ebrl.resources.model``) on those costs and keeps the fastest, unless a simpler
+shape (fewer groups, lock step, fewer threads) is within 2% of it. Where the step costs are
+uniform and the simulators keep every core busy, that is one group in lock step (the Async
+schedule); where the simulators wait or their step latency has a tail, pipelining and the step
+level pay, and the search takes them. A thread that does not make its stage faster alone is not
+given: on a machine the simulators fill, it only takes cores from them.
 
 The layer knows stages only through the callables it is given: it does not import the policies,
 the algorithms or the env groups.
@@ -26,15 +29,19 @@ from typing import Any
 
 import numpy as np
 
-from ebrl.resources.apply import affinity_guard, threads_guard
+from ebrl.resources.apply import affinity_guard, set_threads, threads_guard
 from ebrl.resources.model import (
+    CostTable,
     Prediction,
     Shape,
+    Split,
     StageCosts,
     Workload,
     candidates,
     choose,
+    costs_for,
     fit_cores,
+    with_threads,
 )
 
 log = logging.getLogger(__name__)
@@ -48,6 +55,9 @@ GenCall = Callable[[int], None]
 @dataclass(frozen=True)
 class Probes:
     """The run's stages as the shape search times them.
+
+    The generator's and the learner's calls run on this process's torch threads, which
+    :func:`measure` sets before each of them.
 
     Attributes:
         sim_envs: envs of one env worker, ready to step.
@@ -74,6 +84,21 @@ def _timed(fn: Callable[[], None]) -> tuple[float, float]:
     return time.perf_counter() - t, time.process_time() - c
 
 
+def thread_options(most: int) -> tuple[int, ...]:
+    """Thread counts a stage given ``most`` may run with: powers of two below it, and it."""
+    out = {most}
+    t = 1
+    while t < most:
+        out.add(t)
+        t *= 2
+    return tuple(sorted(out))
+
+
+def splits_of(gen_threads: Sequence[int], train_threads: Sequence[int]) -> list[Split]:
+    """Every (gen, train) split of the options, fewest threads first."""
+    return sorted(((g, t) for g in gen_threads for t in train_threads), key=lambda s: (sum(s), s))
+
+
 def measure(
     probes: Probes,
     gen_batches: Sequence[int],
@@ -81,14 +106,17 @@ def measure(
     gen_repeats: int = 3,
     sim_budget_s: float = 0.25,
     sim_samples: int = 256,
-) -> tuple[StageCosts, float]:
-    """The stage costs of ``probes`` and the seconds it took to measure them.
+    gen_threads: Sequence[int] = (1,),
+    train_threads: Sequence[int] = (1,),
+) -> tuple[dict[Split, StageCosts], float]:
+    """The stage costs of ``probes`` at every (gen, train) thread split of ``gen_threads`` x
+    ``train_threads`` (fewest threads first), and the seconds it took to measure them.
 
-    Each stage gets one untimed warm-up call. The simulator steps every env ``sim_rounds``
-    times, and more rounds while it stays under ``sim_budget_s`` and ``sim_samples`` chunks (a
-    cheap simulator's tail needs many samples to show). The generator's cost per call is fitted
-    as ``fixed + per_env * batch`` over ``gen_batches`` (least squares on the median of
-    ``gen_repeats`` calls each).
+    Each stage gets one untimed warm-up call (the generator and the learner one at each thread
+    count). The simulator steps every env ``sim_rounds`` times, and more rounds while it stays
+    under ``sim_budget_s`` and ``sim_samples`` chunks (a cheap simulator's tail needs many
+    samples to show). The generator's cost per call is fitted as ``fixed + per_env * batch``
+    over ``gen_batches`` (least squares on the median of ``gen_repeats`` calls each).
     """
     t0 = time.perf_counter()
     with threads_guard(), affinity_guard():
@@ -105,33 +133,50 @@ def measure(
                     walls.append(w)
                     cpus.append(c)
                 rounds += 1
-            batches = sorted({max(1, int(b)) for b in gen_batches})
-            per_call, gen_wall, gen_cpu = [], 0.0, 0.0
-            for b in batches:
-                probes.gen_call(b)
-                runs = [_timed(lambda b=b: probes.gen_call(b)) for _ in range(gen_repeats)]
-                per_call.append(float(np.median([w for w, _ in runs])))
-                gen_wall += sum(w for w, _ in runs)
-                gen_cpu += sum(c for _, c in runs)
-            if len(batches) > 1:
-                slope, fixed = np.polyfit(np.array(batches, float), np.array(per_call), 1)
-                slope, fixed = max(0.0, float(slope)), max(0.0, float(fixed))
-            else:
-                slope, fixed = per_call[0] / batches[0], 0.0
-            (probes.train_warm or probes.train_update)()
-            train_wall, train_cpu = _timed(probes.train_update)
+            gens = {g: _measure_gen(probes, gen_batches, gen_repeats, g) for g in gen_threads}
+            trains = {t: _measure_train(probes, t) for t in train_threads}
         finally:
             probes.close()
-    costs = StageCosts(
-        sim_chunk_s=tuple(walls),
-        sim_busy=min(1.0, sum(cpus) / sum(walls)),
-        gen_fixed_s=fixed,
-        gen_per_env_s=slope,
-        gen_busy=gen_cpu / gen_wall if gen_wall > 0 else 1.0,
-        train_s=train_wall,
-        train_busy=train_cpu / train_wall if train_wall > 0 else 1.0,
-    )
-    return costs, time.perf_counter() - t0
+    sim = dict(sim_chunk_s=tuple(walls), sim_busy=min(1.0, sum(cpus) / sum(walls)))
+    table = {
+        (g, t): StageCosts(**sim, **gens[g], **trains[t])
+        for g, t in splits_of(list(gens), list(trains))
+    }
+    return table, time.perf_counter() - t0
+
+
+def _measure_gen(
+    probes: Probes, gen_batches: Sequence[int], repeats: int, threads: int
+) -> dict[str, float]:
+    """The generator's cost fields at ``threads``."""
+    batches = sorted({max(1, int(b)) for b in gen_batches})
+    per_call, wall, cpu = [], 0.0, 0.0
+    for b in batches:
+        set_threads(threads)
+        probes.gen_call(b)
+        runs = []
+        for _ in range(repeats):
+            set_threads(threads)
+            runs.append(_timed(lambda b=b: probes.gen_call(b)))
+        per_call.append(float(np.median([w for w, _ in runs])))
+        wall += sum(w for w, _ in runs)
+        cpu += sum(c for _, c in runs)
+    if len(batches) > 1:
+        slope, fixed = np.polyfit(np.array(batches, float), np.array(per_call), 1)
+        slope, fixed = max(0.0, float(slope)), max(0.0, float(fixed))
+    else:
+        slope, fixed = per_call[0] / batches[0], 0.0
+    busy = cpu / wall if wall > 0 else 1.0
+    return {"gen_fixed_s": fixed, "gen_per_env_s": slope, "gen_busy": busy}
+
+
+def _measure_train(probes: Probes, threads: int) -> dict[str, float]:
+    """The learner's cost fields at ``threads``."""
+    set_threads(threads)
+    (probes.train_warm or probes.train_update)()
+    set_threads(threads)
+    wall, cpu = _timed(probes.train_update)
+    return {"train_s": wall, "train_busy": cpu / wall if wall > 0 else 1.0}
 
 
 @dataclass(frozen=True)
@@ -141,7 +186,8 @@ class ShapeChoice:
     Attributes:
         shape: the choice.
         ranked: every candidate's prediction, best first.
-        costs: the stage costs measured at start.
+        costs: the stage costs measured at start: one set, or a table by thread split when
+            the threads were searched (the candidates carry their split).
         measure_s: seconds the profile took; search_s: the search.
         work: the workload the search played (its ``cores``: the cores the run was given).
         shapes: the candidates, simplest first (what :func:`recalibrate` weighs again).
@@ -150,7 +196,7 @@ class ShapeChoice:
 
     shape: Shape
     ranked: tuple[Prediction, ...]
-    costs: StageCosts
+    costs: StageCosts | CostTable
     measure_s: float
     search_s: float
     work: Workload | None = None
@@ -164,23 +210,22 @@ class ShapeChoice:
             f"profile {self.measure_s:.1f} s, search {self.search_s:.2f} s)"
         )
 
+    def chosen_costs(self) -> StageCosts:
+        """The stage costs of the chosen shape (at its thread split)."""
+        return costs_for(self.costs, self.shape)
+
     def to_dict(self) -> dict[str, Any]:
-        c = self.costs
+        table = {} if isinstance(self.costs, StageCosts) else self.costs
         return {
             "shape": self.shape.to_dict(),
             "profile_s": self.measure_s,
             "search_s": self.search_s,
-            "costs": {
-                "sim_chunk_mean_s": c.sim_mean_s,
-                "sim_tail_p99_over_mean": c.tail,
-                "sim_busy": c.sim_busy,
-                "gen_fixed_s": c.gen_fixed_s,
-                "gen_per_env_s": c.gen_per_env_s,
-                "gen_busy": c.gen_busy,
-                "train_s": c.train_s,
-                "train_busy": c.train_busy,
-                "message_s": c.message_s,
-            },
+            "costs": _costs_dict(self.chosen_costs()),
+            **(
+                {"costs_by_threads": {f"{g}+{t}": _costs_dict(c) for (g, t), c in table.items()}}
+                if table
+                else {}
+            ),
             "predictions": [
                 {
                     **p.shape.to_dict(),
@@ -214,11 +259,14 @@ class ShapeChoice:
 
     def params(self) -> dict[str, Any]:
         """MLflow params of the choice."""
+        threads = self.shape.threads
         return {
             "shape/env_groups": self.shape.groups,
             "shape/step_level": self.shape.step_level,
             "shape/batch_min": self.shape.batch_min if self.shape.step_level else "none",
             "shape/batch_max": self.shape.cap if self.shape.step_level else "none",
+            "shape/gen_threads": threads[0] if threads else "run's",
+            "shape/train_threads": threads[1] if threads else "run's",
         }
 
     def save(self, run_dir: Path) -> Path:
@@ -227,8 +275,22 @@ class ShapeChoice:
         return path
 
 
+def _costs_dict(c: StageCosts) -> dict[str, float]:
+    return {
+        "sim_chunk_mean_s": c.sim_mean_s,
+        "sim_tail_p99_over_mean": c.tail,
+        "sim_busy": c.sim_busy,
+        "gen_fixed_s": c.gen_fixed_s,
+        "gen_per_env_s": c.gen_per_env_s,
+        "gen_busy": c.gen_busy,
+        "train_s": c.train_s,
+        "train_busy": c.train_busy,
+        "message_s": c.message_s,
+    }
+
+
 def search(
-    costs: StageCosts,
+    costs: StageCosts | CostTable,
     work: Workload,
     groups: Sequence[int] | None,
     step_level: bool | None,
@@ -237,7 +299,10 @@ def search(
     measure_s: float = 0.0,
     batch_max: int | None = None,
 ) -> ShapeChoice:
-    """Choose among the candidate shapes; a pinned knob (not None) is not searched."""
+    """Choose among the candidate shapes; a pinned knob (not None) is not searched. Given a
+    table of costs by thread split (:func:`measure`) with more than one split, every shape is
+    weighed at each split (fewest threads first: the simpler of two equals); with one, the
+    threads are the run's own and the shapes carry none."""
     t0 = time.perf_counter()
     shapes = candidates(
         work,
@@ -247,6 +312,11 @@ def search(
         timeout_s=timeout_s,
         batch_max=batch_max,
     )
+    if not isinstance(costs, StageCosts):
+        if len(costs) == 1:
+            costs = next(iter(costs.values()))
+        else:
+            shapes = with_threads(shapes, list(costs))
     shape, ranked = choose(costs, work, shapes)
     took = time.perf_counter() - t0
     choice = ShapeChoice(shape, tuple(ranked), costs, measure_s, took, work, tuple(shapes))
@@ -449,6 +519,14 @@ class Recalibration:
             "shape/final_env_groups": float(a.groups),
             "shape/final_step_level": float(a.step_level),
             "shape/final_batch_min": float(a.batch_min if a.step_level else 0),
+            **(
+                {
+                    "shape/final_gen_threads": float(a.threads[0]),
+                    "shape/final_train_threads": float(a.threads[1]),
+                }
+                if a.threads
+                else {}
+            ),
         }
 
 
@@ -464,7 +542,7 @@ def recalibrate(
     if not measured:
         raise ValueError("recalibrate: no shape was measured")
     best = max(measured, key=lambda t: t.rate)
-    cores = fit_cores(choice.costs, choice.work, best.shape, best.rate)
+    cores = fit_cores(choice.costs, choice.work, best.shape, best.rate)  # at its own split
     work = dataclasses.replace(choice.work, cores=cores)
     _, ranked = choose(choice.costs, work, choice.shapes or (choice.shape,))
     rec = Recalibration(

@@ -38,10 +38,27 @@ from ebrl.resources.model.rules import (
     served_groups,
     split_groups,
 )
-from ebrl.resources.model.search import candidates, choose, fit_cores, mean_prediction, rank
-from ebrl.resources.model.types import Layout, Prediction, Shape, StageCosts, Workload
+from ebrl.resources.model.search import (
+    candidates,
+    choose,
+    fit_cores,
+    mean_prediction,
+    rank,
+    with_threads,
+)
+from ebrl.resources.model.types import (
+    CostTable,
+    Layout,
+    Prediction,
+    Shape,
+    Split,
+    StageCosts,
+    Workload,
+    costs_for,
+)
 
 __all__ = [
+    "CostTable",
     "Job",
     "Layout",
     "Machine",
@@ -49,11 +66,13 @@ __all__ = [
     "Prediction",
     "Shape",
     "Span",
+    "Split",
     "StageCosts",
     "Workload",
     "admits",
     "candidates",
     "choose",
+    "costs_for",
     "fit_cores",
     "gen_track",
     "mean_prediction",
@@ -65,4 +84,5 @@ __all__ = [
     "served_groups",
     "simulate",
     "split_groups",
+    "with_threads",
 ]

@@ -10,7 +10,16 @@ from collections.abc import Sequence
 import numpy as np
 
 from ebrl.resources.model.engine import simulate
-from ebrl.resources.model.types import Layout, Prediction, Shape, StageCosts, Workload
+from ebrl.resources.model.types import (
+    CostTable,
+    Layout,
+    Prediction,
+    Shape,
+    Split,
+    StageCosts,
+    Workload,
+    costs_for,
+)
 
 
 def candidates(
@@ -66,8 +75,14 @@ def mean_prediction(runs: Sequence[Prediction]) -> Prediction:
     )
 
 
+def with_threads(shapes: Sequence[Shape], splits: Sequence[Split]) -> list[Shape]:
+    """Each shape at each thread split, the splits in the order given (fewest threads first:
+    a split that gains nothing leaves the cores to the others)."""
+    return [dataclasses.replace(s, threads=tuple(t)) for s in shapes for t in splits]
+
+
 def rank(
-    costs: StageCosts,
+    costs: StageCosts | CostTable,
     work: Workload,
     shapes: Sequence[Shape],
     seeds: Sequence[int] = (0, 1),
@@ -76,10 +91,14 @@ def rank(
     warmup: int = 2,
 ) -> list[Prediction]:
     """Every shape's prediction (mean over ``seeds`` of the replayed tail), best first; ties go
-    to the simpler shape (fewer groups, lock step), the order of ``shapes``."""
+    to the simpler shape (fewer groups, lock step), the order of ``shapes``. With a table of
+    costs by thread split, each shape plays its own split's (:func:`costs_for`)."""
     preds = [
         mean_prediction(
-            [simulate(costs, work, s, updates, warmup, seed=sd, layout=layout) for sd in seeds]
+            [
+                simulate(costs_for(costs, s), work, s, updates, warmup, seed=sd, layout=layout)
+                for sd in seeds
+            ]
         )
         for s in shapes
     ]
@@ -88,7 +107,7 @@ def rank(
 
 
 def choose(
-    costs: StageCosts,
+    costs: StageCosts | CostTable,
     work: Workload,
     shapes: Sequence[Shape],
     margin: float = 0.02,
@@ -109,7 +128,7 @@ def choose(
 
 
 def fit_cores(
-    costs: StageCosts,
+    costs: StageCosts | CostTable,
     work: Workload,
     shape: Shape,
     measured: float,
@@ -127,9 +146,11 @@ def fit_cores(
     ``work.cores`` when the measurement lies outside what the model can reach.
     """
 
+    at = costs_for(costs, shape)
+
     def rate(cores: float) -> float:
         w = dataclasses.replace(work, cores=cores)
-        return float(np.mean([simulate(costs, w, shape, seed=sd).throughput for sd in seeds]))
+        return float(np.mean([simulate(at, w, shape, seed=sd).throughput for sd in seeds]))
 
     hi = float(work.cores)
     if rate(hi) <= measured:

@@ -10,6 +10,9 @@ import numpy as np
 
 from ebrl.resources.model.machine import Use
 
+#: torch intra-op threads of (the generator, the learner)
+Split = tuple[int, int]
+
 
 @dataclass(frozen=True)
 class StageCosts:
@@ -113,8 +116,8 @@ class Workload:
 
 @dataclass(frozen=True)
 class Shape:
-    """What the shape search chooses: G, step level, M and the batch cap (timeout: the
-    engine's).
+    """What the shape search chooses: G, step level, M, the batch cap (timeout: the engine's)
+    and the torch threads of the generator and the learner (None: the run's own, not searched).
 
     At the step level the generator acts once ``batch_min`` (M) eligible envs are ready, on the
     first ``batch_max`` of them in arrival order: ``batch_max`` = M (None) is EnvPool's "first M
@@ -127,6 +130,7 @@ class Shape:
     batch_min: int
     batch_timeout_s: float = 0.005
     batch_max: int | None = None
+    threads: Split | None = None
 
     @property
     def cap(self) -> int:
@@ -136,9 +140,14 @@ class Shape:
     def describe(self) -> str:
         if self.step_level:
             if self.cap > self.batch_min:
-                return f"step level, M={self.batch_min} up to {self.cap}"
-            return f"step level, M={self.batch_min}"
-        return f"G={self.groups}, lock step"
+                out = f"step level, M={self.batch_min} up to {self.cap}"
+            else:
+                out = f"step level, M={self.batch_min}"
+        else:
+            out = f"G={self.groups}, lock step"
+        if self.threads is not None:
+            out += f", threads {self.threads[0]}+{self.threads[1]}"
+        return out
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -146,7 +155,24 @@ class Shape:
             "step_level": self.step_level,
             "batch_min": self.batch_min if self.step_level else None,
             "batch_max": self.cap if self.step_level else None,
+            "gen_threads": self.threads[0] if self.threads else None,
+            "train_threads": self.threads[1] if self.threads else None,
         }
+
+
+#: stage costs by thread split: what the shape search measured at each (gen, train) split
+CostTable = Mapping[Split, StageCosts]
+
+
+def costs_for(costs: StageCosts | CostTable, shape: Shape) -> StageCosts:
+    """The costs ``shape`` runs with: ``costs`` itself, or from a table its thread split's."""
+    if isinstance(costs, StageCosts):
+        return costs
+    if shape.threads is None or shape.threads not in costs:
+        raise KeyError(
+            f"no stage costs measured for {shape.describe()} (measured: {sorted(costs)})"
+        )
+    return costs[shape.threads]
 
 
 @dataclass(frozen=True)

@@ -49,6 +49,7 @@ from ebrl.resources.shape import (
     gen_batches_for,
     measure,
     search,
+    thread_options,
 )
 from ebrl.resources.topology import Topology, discover_cores
 from ebrl.runtime.channel import Outbox
@@ -147,6 +148,9 @@ def setup(
     update_s = choice.prediction().update_s if choice is not None else None
     patience = scaled_patience(settings.rebalance_patience, factory.cfg, update_s)
     settings = dataclasses.replace(settings, rebalance_patience=patience)
+    if choice is not None and choice.shape.threads is not None:  # the search chose them
+        g, t = choice.shape.threads
+        settings = dataclasses.replace(settings, gen_threads=g, train_threads=t)
     topo = topology or Topology(tuple(discover_cores()))
     out_dir = Path(run_dir) if run_dir is not None else None
     profile = None
@@ -201,13 +205,22 @@ def _json(o: Any) -> Any:
 
 
 # --- the run's shape --------------------------------------------------------------------------
-def shape_probes(
-    factory: Any, sim_envs: int, decisions_per_env: int, gen_threads: int, train_threads: int
-) -> Probes:
+def searched_threads(settings: ResourceSettings) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The generator's and the learner's thread counts the shape search weighs: up to the
+    configured ones with the static, unpinned split; only those where the elastic allocator
+    (Algorithm 1) or pinned cores decide the threads."""
+    g, t = int(settings.gen_threads), int(settings.train_threads)
+    if settings.allocator == ELASTIC or settings.pin:
+        return (g,), (t,)
+    return thread_options(g), thread_options(t)
+
+
+def shape_probes(factory: Any, sim_envs: int, decisions_per_env: int) -> Probes:
     """The run's own stages as :func:`ebrl.resources.shape.measure` times them: ``sim_envs``
-    envs of one env worker, a fresh copy of the run's policy acting on ``gen_threads``, and one
-    learner update (every epoch and minibatch of a segment) on ``train_threads``."""
+    envs of one env worker, a fresh copy of the run's policy acting, and one learner update
+    (every epoch and minibatch of a segment), each on the torch threads ``measure`` sets."""
     import numpy as np
+    import torch
 
     cfg = factory.cfg
     ppo = ppo_config(cfg)
@@ -227,11 +240,11 @@ def shape_probes(
 
     def gen_call(batch: int) -> None:
         if batch not in calls:
-            calls[batch] = make_gen(gen_threads, batch)
+            calls[batch] = make_gen(torch.get_num_threads(), batch)
         calls[batch]()
 
     minibatch = train_minibatch(cfg, decisions_per_env)
-    train = train_stage_fn(factory.policy(), ppo)(train_threads, minibatch)
+    train = train_stage_fn(factory.policy(), ppo)(torch.get_num_threads(), minibatch)
     steps = max(1, ppo.update_epochs * ppo.num_minibatches)
 
     def train_update() -> None:
@@ -253,17 +266,19 @@ def choose_shape(
 ) -> ShapeChoice:
     """Measure the run's stages and choose its shape (pinned knobs, not None, are kept):
     ``shape.json`` in the run folder records the costs, every candidate's prediction and the
-    time it took."""
+    time it took.
+
+    The threads ``resources.gen_threads`` / ``train_threads`` (``threads.*``) are the most each
+    stage may get: with the static split, unpinned, the search weighs every split up to them
+    (:func:`searched_threads`); the elastic allocator and pinned cores set their own.
+    """
     node = factory.cfg.get("resources") or {}
     settings = ResourceSettings.from_config(node)
-    probes = shape_probes(
-        factory,
-        max(len(w) for w in work.workers),
-        work.decisions_per_env,
-        int(settings.gen_threads),
-        int(settings.train_threads),
+    probes = shape_probes(factory, max(len(w) for w in work.workers), work.decisions_per_env)
+    gen_threads, train_threads = searched_threads(settings)
+    costs, took = measure(
+        probes, gen_batches_for(work), gen_threads=gen_threads, train_threads=train_threads
     )
-    costs, took = measure(probes, gen_batches_for(work))
     choice = search(
         costs,
         work,

@@ -560,25 +560,48 @@ class EBRLScheduler:
                     raise StageError(h.name, "the worker left its loop without being stopped")
 
     def _reshape(self, new: Shape, restarts: _Restarts) -> None:
-        """Send ``new`` to every replica and env worker (they switch between two batches); new
-        processes start with it too."""
-        groups = env_groups(restarts.plan.workers, new.groups)
-        msg = Reshape(groups, new.step_level, new.batch_min, new.batch_max)
-        restarts.plan = dataclasses.replace(
-            restarts.plan,
+        """Send ``new`` to every replica and env worker (they switch between two batches), and
+        its threads, when it has its own, to the replica and the learner ranks; new processes
+        start with it too."""
+        plan = restarts.plan
+        groups = env_groups(plan.workers, new.groups)
+        msgs: dict[str, list[Any]] = {
+            name: [] for name in restarts.book if name != DRIVER
+        }  # worker name -> what it is sent
+        for name, out in msgs.items():
+            if not name.startswith("learner"):
+                out.append(Reshape(groups, new.step_level, new.batch_min, new.batch_max))
+        plan = dataclasses.replace(
+            plan,
             groups=groups,
             step_level=new.step_level,
             batch_min=new.batch_min,
             batch_max=new.batch_max,
         )
+        if new.threads is not None and plan.train_resources is not None:
+            # one replica (the search runs with one): seq 0, no reallocation of Algorithm 1's
+            gen = Resources(0, new.threads[0], plan.gen_resources[0].cores)
+            train = Resources(0, new.threads[1], plan.train_resources.cores)
+            if (gen.threads, train.threads) != (
+                plan.gen_resources[0].threads,
+                plan.train_resources.threads,
+            ):
+                for name, out in msgs.items():
+                    if name.startswith("gen"):
+                        out.append(gen)
+                    elif name.startswith("learner"):
+                        out.append(train)
+                plan = dataclasses.replace(plan, gen_resources=(gen,), train_resources=train)
+        restarts.plan = plan
         log.info("shape: running %s", new.describe())
-        for name, addr in list(restarts.book.items()):
-            if name == DRIVER or name.startswith("learner"):
+        for name, out in msgs.items():
+            if not out:
                 continue
             with contextlib.suppress(OSError):  # a dead worker's replacement starts with it
-                out = Outbox(addr, restarts.authkey, retries=5)
-                out.send(msg)
-                out.close()
+                box = Outbox(restarts.book[name], restarts.authkey, retries=5)
+                for m in out:
+                    box.send(m)
+                box.close()
 
     def _shutdown(self, inbox, handles, backend, slots, book, authkey, timeline) -> None:
         """Stop every worker (politely, then by force), keep the spans their last flush sent,
