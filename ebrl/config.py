@@ -866,7 +866,8 @@ class BudgetConfig:
 class ThreadsConfig:
     #: torch intra-op threads of the generator (1 is best on 2 cores: see notes)
     gen: int = 1
-    #: torch intra-op threads of the learner
+    #: torch intra-op threads of the learner (scheduler=ebrl's shape search: the most each
+    #: stage may get, with the static unpinned split)
     train: int = 2
 
 

@@ -554,6 +554,17 @@ def test_a_profile_from_a_runs_folder(tmp_path):
     assert main(["--profile-from-run", str(run)]) == 2
     prof2 = profile_from_run(run, RunFacts(16, 12, 4, 1, 1, 50))
     assert prof2.gen == prof.gen
+    # a search that weighed thread splits leaves each split's costs: a point at every count
+    two = {**costs, "train_s": 1.0, "train_busy": 1.6}
+    table = {"1+1": costs, "1+2": two}
+    chosen = {"env_groups": 1, "gen_threads": 1, "train_threads": 1}
+    (run / "shape.json").write_text(
+        json.dumps({"shape": chosen, "costs": costs, "costs_by_threads": table})
+    )
+    prof3 = profile_from_run(run, RunFacts(16, 12, 4, 1, 2, 50))
+    assert prof3.train.curve(1).seconds(16 * 12) == pytest.approx(1.5)
+    assert prof3.train.curve(2).seconds(16 * 12) == pytest.approx(1.0)
+    assert {p.threads for p in prof3.gen.points} == {1}
 
 
 def test_a_profile_from_a_runs_timeline(tmp_path):

@@ -3,8 +3,9 @@
 What a run leaves, best first:
 
 - ``shape.json`` (EBRL's start-up profile, ``ebrl.resources.shape.measure``): each stage timed
-  alone on the run's own threads: the chunk latency's mean and tail, the generator's cost per
-  call and per env, one update, and how busy each keeps the cores. Taken as it is.
+  alone, at every thread count the search weighed (else the run's own threads): the chunk
+  latency's mean and tail, the generator's cost per call and per env, one update, and how busy
+  each keeps the cores. Taken as it is.
 - ``timeline.json`` (every stage call of the run): generation points per batch size, chunk
   samples per env, the update's seconds. In a run whose stages took turns (sync, Colocated)
   a span's wall time is the stage alone; in one whose stages overlapped, a single-threaded
@@ -102,7 +103,7 @@ def profile_from_run(run_dir: str | Path, facts: RunFacts | None = None) -> Prof
     summary = _read(run / "summary.json") or {}
     shape = _read(run / "shape.json")
     if shape is not None:
-        sim, gen, train = _from_shape(shape["costs"], facts)
+        sim, gen, train = _from_shape(shape, facts)
         how = "shape.json (the start-up profile)"
     elif (run / "timeline.json").exists():
         sim, gen, train = _from_timeline(run / "timeline.json", summary, facts)
@@ -128,30 +129,37 @@ def profile_from_run(run_dir: str | Path, facts: RunFacts | None = None) -> Prof
 
 
 def _from_shape(
-    c: dict[str, float], facts: RunFacts
+    shape: dict[str, Any], facts: RunFacts
 ) -> tuple[tuple[tuple[float, ...], float], StageProfile, StageProfile]:
+    """The stage costs ``shape.json`` holds: at every thread split the search measured
+    (``costs_by_threads``), else at the threads the run had (the chosen shape's, when the
+    search chose them, else the config's)."""
+    table = shape.get("costs_by_threads") or {}
+    if table:
+        splits = [(*map(int, key.split("+")), c) for key, c in table.items()]
+    else:
+        chosen = shape.get("shape") or {}
+        g = int(chosen.get("gen_threads") or facts.gen_threads)
+        t = int(chosen.get("train_threads") or facts.train_threads)
+        splits = [(g, t, shape["costs"])]
+    gens = {g: c for g, _, c in reversed(splits)}  # the generator's fields at each gen count
+    trains = {t: c for _, t, c in reversed(splits)}
+    c = shape["costs"]
     chunk = lognormal_samples(c["sim_chunk_mean_s"], c.get("sim_tail_p99_over_mean", 1.0))
     n = facts.num_envs
     gen = StageProfile(
         tuple(
-            Point(
-                b,
-                c["gen_fixed_s"] + c["gen_per_env_s"] * b,
-                threads=facts.gen_threads,
-                busy=c["gen_busy"],
-            )
+            Point(b, gc["gen_fixed_s"] + gc["gen_per_env_s"] * b, threads=g, busy=gc["gen_busy"])
+            for g, gc in sorted(gens.items())
             for b in sorted({1, max(1, n // 2), n})
         ),
         "batch",
     )
+    samples = n * facts.decisions_per_env
     train = StageProfile(
-        (
-            Point(
-                n * facts.decisions_per_env,
-                c["train_s"],
-                threads=facts.train_threads,
-                busy=c["train_busy"],
-            ),
+        tuple(
+            Point(samples, tc["train_s"], threads=t, busy=tc["train_busy"])
+            for t, tc in sorted(trains.items())
         ),
         "samples",
     )
