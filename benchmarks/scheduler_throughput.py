@@ -79,8 +79,12 @@ CONFIGS: dict[str, list[str]] = {
     "sync-workers": ["scheduler=ebrl", *LEVELS_OFF, "threads.train=2"],
     "hybrid": ["scheduler=hybrid", "threads.gen=1"],
     "async": ["scheduler=async", "scheduler.staleness=1", "threads.gen=1", "threads.train=1"],
-    # the ablation pins every level; "ebrl" is EBRL as a user types it: its resource manager
-    # chooses G, the step level and M (ebrl/resources/shape.py)
+    # the Async replica on EBRL's default thread bound (1 + 2): the baseline at the threads
+    # EBRL's search may take, where it takes them
+    "async-2": ["scheduler=async", "scheduler.staleness=1", "threads.gen=1", "threads.train=2"],
+    # the ablation pins every level, on Async's 1 + 1 threads; "ebrl" is EBRL as a user types
+    # it: its resource manager chooses G, the step level, M and the threads, up to the default
+    # threads.gen=1 / threads.train=2 (ebrl/resources/shape.py)
     "+pipeline": [
         "scheduler=ebrl",
         "scheduler.pipeline=true",
@@ -101,7 +105,7 @@ CONFIGS: dict[str, list[str]] = {
         "scheduler.batch_max=16",
         "threads.train=1",
     ],
-    "ebrl": ["scheduler=ebrl", "threads.train=1"],
+    "ebrl": ["scheduler=ebrl"],
     # EBRL scaled out as far as 2 cores allow (issue 16): 2 replicas, a 2-rank gloo learner
     "ebrl-r2l2": [
         "scheduler=ebrl",
@@ -110,7 +114,7 @@ CONFIGS: dict[str, list[str]] = {
         "scheduler.learner_ranks=2",
     ],
 }
-BASELINES = ("sync", "colocated", "sync-workers", "hybrid", "async")
+BASELINES = ("sync", "colocated", "sync-workers", "hybrid", "async", "async-2")
 ABLATION = (
     ("levels off", "sync-workers"),
     ("+overlap (k=1)", "async"),
@@ -178,11 +182,14 @@ def run(
 
 
 def describe_shape(shape: dict) -> str:
+    threads = ""
+    if shape.get("gen_threads") is not None:  # the search chose the threads too
+        threads = f", threads {shape['gen_threads']}+{shape['train_threads']}"
     if shape["step_level"]:
         cap = shape.get("batch_max") or shape["batch_min"]
         up_to = f" up to {cap}" if cap > shape["batch_min"] else ""
-        return f"step level M={shape['batch_min']}{up_to}"
-    return f"G={shape['env_groups']} lock step"
+        return f"step level M={shape['batch_min']}{up_to}{threads}"
+    return f"G={shape['env_groups']} lock step{threads}"
 
 
 def bound_and_overhead(rows: list[dict], warmup: int, sim_workers: int) -> dict:

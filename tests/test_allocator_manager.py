@@ -255,6 +255,33 @@ def test_one_manager_measures_the_shortlist_from_the_reports_and_keeps_the_faste
     assert m.report(len(short) + 1, 100, {}, at=99.0) == {}  # the trials are over: nothing more
 
 
+def test_algorithm_1_waits_for_the_shape_trials_to_end(tmp_path, monkeypatch):
+    """While the trials move the shape, the rates move with it: Algorithm 1 observes from the
+    update after the last trial, not before."""
+    from ebrl.resources.shape import ShapeTrials, search, shortlist
+
+    from .test_shape_search import WORK, costs
+
+    choice = search(costs(tail=3.0, busy=0.05), WORK, None, None, None, 0.005)
+    short = shortlist(choice)[:2]
+    prof = restrict_train_batch(fake_profile(), 16)
+    s = ResourceSettings(allocator="elastic", gen_threads=1, train_threads=2, rebalance_patience=2)
+    res = initial_resources(s, TOPO, 2, prof, max_gen_batch=2)
+    m = RunTimeManager(
+        res, num_envs=4, elastic=elastic_allocator(prof, res, s, 2), topology=TOPO,
+        out_dir=tmp_path, choice=choice, trials=ShapeTrials(short, skip=1, updates=1, settle=0),
+    )  # fmt: skip
+    m.connect(send_split=lambda *a: None, send_shape=lambda shape: None)
+    observed = []
+    monkeypatch.setattr(m, "_rates", lambda: (100.0, 200.0))
+    monkeypatch.setattr(m, "rebalance", lambda gen, train, step, rollout: observed.append(step))
+    # update 0: start-up; 1 and 2: one trial each (the trials end at 2); then Algorithm 1
+    for i in range(5):
+        m.report(i, 100, {"resource/train_per_s_update": 50.0}, at=float(i))
+    assert m.trials.done
+    assert observed == [3, 4]
+
+
 def test_shape_trials_need_the_search_choice():
     from ebrl.resources.shape import ShapeTrials, search, shortlist
 

@@ -245,7 +245,10 @@ class RunTimeManager:
         self, iteration: int, env_steps: int, metrics: Mapping[str, float], at: float | None = None
     ) -> dict[str, float]:
         """Update ``iteration`` arrived (at ``at``, default now) with ``env_steps``: the shape
-        trials advance, Algorithm 1 observes; the metrics to add to the update's."""
+        trials advance, Algorithm 1 observes once they are over (while they run, the shape
+        changes under it: its monitors would take the trials' own moves for a drift); the
+        metrics to add to the update's."""
+        trying = self.trials is not None and not self.trials.done
         out = self._shape(env_steps, time.monotonic() if at is None else at)
         rollout, gen_cap = self._rates()
         train = metrics.get("resource/train_per_s_update")
@@ -254,7 +257,12 @@ class RunTimeManager:
         if gen_cap is not None:
             out["resource/gen_per_s_update"] = gen_cap
         if self.elastic is not None:
-            ready = iteration >= self.warmup and rollout is not None and train is not None
+            ready = (
+                iteration >= self.warmup
+                and rollout is not None
+                and train is not None
+                and not trying
+            )
             if ready:
                 gen = gen_cap if gen_cap is not None else rollout
                 self.rebalance(gen, float(train), iteration, rollout)

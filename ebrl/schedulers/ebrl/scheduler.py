@@ -561,47 +561,42 @@ class EBRLScheduler:
 
     def _reshape(self, new: Shape, restarts: _Restarts) -> None:
         """Send ``new`` to every replica and env worker (they switch between two batches), and
-        its threads, when it has its own, to the replica and the learner ranks; new processes
-        start with it too."""
-        plan = restarts.plan
-        groups = env_groups(plan.workers, new.groups)
-        msgs: dict[str, list[Any]] = {
-            name: [] for name in restarts.book if name != DRIVER
-        }  # worker name -> what it is sent
-        for name, out in msgs.items():
-            if not name.startswith("learner"):
-                out.append(Reshape(groups, new.step_level, new.batch_min, new.batch_max))
+        its threads, where they differ from the running ones, to the replica and the learner
+        ranks; new processes start with it too."""
         plan = dataclasses.replace(
-            plan,
-            groups=groups,
+            restarts.plan,
+            groups=env_groups(restarts.plan.workers, new.groups),
             step_level=new.step_level,
             batch_min=new.batch_min,
             batch_max=new.batch_max,
         )
+        shape = Reshape(plan.groups, new.step_level, new.batch_min, new.batch_max)
+        sends: dict[str, list[Any]] = {
+            name: [shape]
+            for name in restarts.book
+            if name != DRIVER and not name.startswith("learner")
+        }
         if new.threads is not None and plan.train_resources is not None:
-            # one replica (the search runs with one): seq 0, no reallocation of Algorithm 1's
-            gen = Resources(0, new.threads[0], plan.gen_resources[0].cores)
-            train = Resources(0, new.threads[1], plan.train_resources.cores)
+            # one replica (the search runs with one); seq 0: not one of Algorithm 1's moves
+            gen = dataclasses.replace(plan.gen_resources[0], seq=0, threads=new.threads[0])
+            train = dataclasses.replace(plan.train_resources, seq=0, threads=new.threads[1])
             if (gen.threads, train.threads) != (
                 plan.gen_resources[0].threads,
                 plan.train_resources.threads,
             ):
-                for name, out in msgs.items():
-                    if name.startswith("gen"):
-                        out.append(gen)
-                    elif name.startswith("learner"):
-                        out.append(train)
+                for name in restarts.book:
+                    if name.startswith(("gen", "learner")):
+                        split = gen if name.startswith("gen") else train
+                        sends.setdefault(name, []).append(Resources(0, split.threads, split.cores))
                 plan = dataclasses.replace(plan, gen_resources=(gen,), train_resources=train)
         restarts.plan = plan
         log.info("shape: running %s", new.describe())
-        for name, out in msgs.items():
-            if not out:
-                continue
+        for name, msgs in sends.items():
             with contextlib.suppress(OSError):  # a dead worker's replacement starts with it
-                box = Outbox(restarts.book[name], restarts.authkey, retries=5)
-                for m in out:
-                    box.send(m)
-                box.close()
+                out = Outbox(restarts.book[name], restarts.authkey, retries=5)
+                for m in msgs:
+                    out.send(m)
+                out.close()
 
     def _shutdown(self, inbox, handles, backend, slots, book, authkey, timeline) -> None:
         """Stop every worker (politely, then by force), keep the spans their last flush sent,
