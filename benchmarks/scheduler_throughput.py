@@ -79,9 +79,6 @@ CONFIGS: dict[str, list[str]] = {
     "sync-workers": ["scheduler=ebrl", *LEVELS_OFF, "threads.train=2"],
     "hybrid": ["scheduler=hybrid", "threads.gen=1"],
     "async": ["scheduler=async", "scheduler.staleness=1", "threads.gen=1", "threads.train=1"],
-    # the Async replica on EBRL's default thread bound (1 + 2): the baseline at the threads
-    # EBRL's search may take, where it takes them
-    "async-2": ["scheduler=async", "scheduler.staleness=1", "threads.gen=1", "threads.train=2"],
     # the ablation pins every level, on Async's 1 + 1 threads; "ebrl" is EBRL as a user types
     # it: its resource manager chooses G, the step level, M and the threads, up to the default
     # threads.gen=1 / threads.train=2 (ebrl/resources/shape.py)
@@ -114,7 +111,7 @@ CONFIGS: dict[str, list[str]] = {
         "scheduler.learner_ranks=2",
     ],
 }
-BASELINES = ("sync", "colocated", "sync-workers", "hybrid", "async", "async-2")
+BASELINES = ("sync", "colocated", "sync-workers", "hybrid", "async")
 ABLATION = (
     ("levels off", "sync-workers"),
     ("+overlap (k=1)", "async"),
