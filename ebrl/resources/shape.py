@@ -57,7 +57,7 @@ class Probes:
     """The run's stages as the shape search times them.
 
     The generator's and the learner's calls run on this process's torch threads, which
-    :func:`measure` sets before each of them.
+    :func:`measure` sets for each thread count it times (a call must not change them).
 
     Attributes:
         sim_envs: envs of one env worker, ready to step.
@@ -149,15 +149,12 @@ def _measure_gen(
     probes: Probes, gen_batches: Sequence[int], repeats: int, threads: int
 ) -> dict[str, float]:
     """The generator's cost fields at ``threads``."""
+    set_threads(threads)
     batches = sorted({max(1, int(b)) for b in gen_batches})
     per_call, wall, cpu = [], 0.0, 0.0
     for b in batches:
-        set_threads(threads)
         probes.gen_call(b)
-        runs = []
-        for _ in range(repeats):
-            set_threads(threads)
-            runs.append(_timed(lambda b=b: probes.gen_call(b)))
+        runs = [_timed(lambda b=b: probes.gen_call(b)) for _ in range(repeats)]
         per_call.append(float(np.median([w for w, _ in runs])))
         wall += sum(w for w, _ in runs)
         cpu += sum(c for _, c in runs)
@@ -174,7 +171,6 @@ def _measure_train(probes: Probes, threads: int) -> dict[str, float]:
     """The learner's cost fields at ``threads``."""
     set_threads(threads)
     (probes.train_warm or probes.train_update)()
-    set_threads(threads)
     wall, cpu = _timed(probes.train_update)
     return {"train_s": wall, "train_busy": cpu / wall if wall > 0 else 1.0}
 
