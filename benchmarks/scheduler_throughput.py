@@ -123,15 +123,24 @@ IN_PROCESS = ("sync", "colocated")
 
 
 def run(
-    name: str, seed: int, iters: int, warmup: int, out: Path, experiment: str, workload: list[str]
+    name: str,
+    seed: int,
+    iters: int,
+    warmup: int,
+    out: Path,
+    experiment: str,
+    workload: list[str],
+    overrides: list[str] | None = None,
 ) -> dict:
+    """One ``python -m ebrl.train`` run of configuration ``name`` (its ``CONFIGS`` overrides,
+    or ``overrides`` when given) and its summary, bound and shape."""
     run_dir = out / "runs" / f"{name}-s{seed}"
     cmd = [
         sys.executable,
         "-m",
         "ebrl.train",
         *workload,
-        *CONFIGS[name],
+        *(CONFIGS[name] if overrides is None else overrides),
         f"seed={seed}",
         f"budget.iterations={iters}",
         f"warmup_iters={warmup}",
