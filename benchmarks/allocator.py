@@ -147,8 +147,15 @@ def profile_workload(workload: list[str], pool: int, repeats: int, path: Path) -
     }
 
 
+#: a fixed split runs a fixed shape (both levels on, as before the shape search): with a level
+#: unset, the shape search would choose the threads and the batch too, and move them on a drift
+FIXED_SHAPE = ["scheduler.pipeline=true", "scheduler.step_level=true"]
+
+
 def split(g: int, t: int, batch: int | None = None) -> list[str]:
-    out = [f"resources.gen_threads={g}", f"resources.train_threads={t}"]
+    """EBRL at ``g`` generator and ``t`` learner threads (and a generator batch), nothing
+    searched or moved."""
+    out = [*FIXED_SHAPE, f"resources.gen_threads={g}", f"resources.train_threads={t}"]
     return out + ([f"resources.gen_batch={batch}"] if batch is not None else [])
 
 

@@ -178,6 +178,16 @@ def run(
                 for p in rec["predictions"]
                 if all(p.get(k) == v for k, v in rec["after"].items())
             )
+    moves = run_dir / "reallocations.jsonl"
+    if moves.exists():  # the shape watch's firings (a stage drifted): moved or kept
+        rows_ = [json.loads(x) for x in moves.read_text().splitlines() if x.strip()]
+        fired = [r for r in rows_ if r.get("kind") == "shape"]
+        s["shape_watch"] = "; ".join(
+            f"update {r['step']}: "
+            + (f"-> {describe_shape(r['new'])}" if r["changed"] else "kept")
+            + f" ({', '.join(f'{k} x{v:.2f}' for k, v in r['factors'].items())})"
+            for r in fired
+        )
     print(
         f"  {name:13s} seed {seed}: {s['throughput_e2e']:7.1f} steps/s "
         f"(bound {s['bound']:.0f}, glue cpu {s['glue_cpu_frac']:.3f})"
@@ -302,6 +312,11 @@ def main() -> None:
                 f"its start-up profile and search, seconds: {bootstrap_ci(cost).fmt('.1f')}",
                 f"the model's predicted / measured throughput: {bootstrap_ci(err).fmt('.2f')}",
             ]
+        watched = [r for r in shaped if r.get("shape_watch")]
+        lines.append(
+            "the shape watch's firings (a stage's drift; cost factors): "
+            + ("; ".join(f"s{r['seed']} {r['shape_watch']}" for r in watched) or "none")
+        )
         refit = [r for r in shaped if "shape_cores_effective" in r]
         if refit:  # the shortlist measured in the run, the shape kept, the model refit to it
             cores = np.array([r["shape_cores_effective"] for r in refit])
@@ -347,6 +362,7 @@ def main() -> None:
         "shape_after",
         "shape_measured",
         "shape_refit_predicted",
+        "shape_watch",
     )
     with (out / "runs.csv").open("w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=keep, extrasaction="ignore")

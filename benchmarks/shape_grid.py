@@ -13,12 +13,14 @@ same workload and seeds, each its own ``python -m ebrl.train`` process, seed-maj
 - what the search chose per seed, and what it cost.
 
 The grid spans the search's own axes: one group, two and four in lock step, the step level at
-M = half the envs (EnvPool's first M of N) and at a quarter with the cap at every env, each at
-1 + 1 and 1 + 2 threads (gen + learner; the default ``threads.*`` is the search's bound).
-The default seeds (3, 4, 5) are not those the search's margins were set on (0, 1, 2).
+M = half the envs (EnvPool's first M of N) and at a quarter with the cap at every env, at
+1 + 1 threads (gen + learner), and the lock-step shapes of one and two groups at 1 + 2 too (the
+default ``threads.*`` is the search's bound; the learner's second thread is the one that may
+pay). ``--grid`` names another set (``<shape>-<threads>``, e.g. ``m8-t12``). The default seeds
+(3, 4, 5) are not those the search's margins were set on (0, 1, 2).
 
 Usage: python benchmarks/shape_grid.py [--seeds 3,4,5] [--iterations 10] [--workload pushcube]
-       [--shapes g1,g2,...] [--out DIR]
+       [--grid g1-t11,g1-t12,...] [--out DIR]
 """
 
 from __future__ import annotations
@@ -58,11 +60,21 @@ THREADS: dict[str, list[str]] = {
     "t12": ["threads.gen=1", "threads.train=2"],
 }
 CHOSEN = "ebrl"
+#: the default grid (see the module's docstring)
+GRID = ("g1-t11", "g1-t12", "g2-t11", "g2-t12", "g4-t11", "m8-t11", "m4c16-t11")
 
 
-def grid(shapes: list[str]) -> dict[str, list[str]]:
-    """Config name -> overrides: every shape at every thread split, then EBRL as typed."""
-    out = {f"{s}-{t}": ["scheduler=ebrl", *SHAPES[s], *THREADS[t]] for s in shapes for t in THREADS}
+def grid(names: list[str]) -> dict[str, list[str]]:
+    """Config name -> overrides: each ``<shape>-<threads>`` pinned, then EBRL as typed."""
+    out: dict[str, list[str]] = {}
+    for n in names:
+        shape, _, threads = n.rpartition("-")
+        if shape not in SHAPES or threads not in THREADS:
+            raise ValueError(
+                f"grid configuration {n!r}: <shape>-<threads> with a shape of "
+                f"{', '.join(SHAPES)} and threads of {', '.join(THREADS)}"
+            )
+        out[n] = ["scheduler=ebrl", *SHAPES[shape], *THREADS[threads]]
     out[CHOSEN] = ["scheduler=ebrl"]
     return out
 
@@ -73,17 +85,17 @@ def main() -> None:
     ap.add_argument("--iterations", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--workload", default="pushcube", choices=sorted(WORKLOADS))
-    ap.add_argument("--shapes", default=",".join(SHAPES), help="of " + ",".join(SHAPES))
+    ap.add_argument("--grid", default=",".join(GRID), help="<shape>-<threads>, comma-separated")
     ap.add_argument("--experiment", default="bench-shape-grid", help="MLflow experiment")
     ap.add_argument(
         "--out", default=str(ROOT / "results" / "allocator" / f"{time.strftime('%Y-%m-%d')}-shape")
     )
     args = ap.parse_args()
     seeds = [int(s) for s in args.seeds.split(",")]
-    unknown = [s for s in args.shapes.split(",") if s not in SHAPES]
-    if unknown:
-        ap.error(f"--shapes: unknown {', '.join(unknown)}; choose among {', '.join(SHAPES)}")
-    configs = grid(args.shapes.split(","))
+    try:
+        configs = grid(args.grid.split(","))
+    except ValueError as e:
+        ap.error(f"--grid: {e}")
     workload = WORKLOAD + WORKLOADS[args.workload]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -123,6 +135,11 @@ def main() -> None:
             for x in chosen
         ),
         f"its start-up profile and search, seconds: {bootstrap_ci(cost).fmt('.1f')}",
+        "the shape watch's firings: "
+        + (
+            "; ".join(f"s{x['seed']} {x['shape_watch']}" for x in chosen if x.get("shape_watch"))
+            or "none"
+        ),
     ]
     table = "\n".join(lines)
     print("\n" + table)
@@ -133,7 +150,17 @@ def main() -> None:
         iterations=args.iterations,
         warmup=args.warmup,
     )
-    keep = ("config", "seed", "throughput_e2e", "bound", "wall_s", "commit", "shape", "shape_after")
+    keep = (
+        "config",
+        "seed",
+        "throughput_e2e",
+        "bound",
+        "wall_s",
+        "commit",
+        "shape",
+        "shape_after",
+        "shape_watch",
+    )
     with (out / "runs.csv").open("w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=keep, extrasaction="ignore")
         w.writeheader()

@@ -635,15 +635,17 @@ def _refuse_unwired_resources(run: RunConfig) -> None:
             "only applies with scheduler.step_level=true (otherwise it acts on whole env groups)"
         )
     if res.allocator != "elastic":
+        # the drift trigger's settings are the shape watch's too (scheduler.reshape_on_drift)
+        watched = bool(getattr(run.scheduler, "reshape_on_drift", False))
+        keys = ("profile",) if watched else ("rebalance_threshold", "rebalance_patience", "profile")
         unused = [
-            f"resources.{k}={getattr(res, k)}"
-            for k in ("rebalance_threshold", "rebalance_patience", "profile")
-            if getattr(res, k) != expected[k]
+            f"resources.{k}={getattr(res, k)}" for k in keys if getattr(res, k) != expected[k]
         ]
         if unused:
             raise ConfigError(
-                f"{', '.join(unused)}: only read by the elastic allocator; set "
-                "resources.allocator=elastic or leave them at their defaults"
+                f"{', '.join(unused)}: only read by the elastic allocator"
+                + ("" if watched else " and the shape watch (scheduler.reshape_on_drift=true)")
+                + "; set resources.allocator=elastic or leave them at their defaults"
             )
     elif res.profile is not None and not Path(res.profile).is_file():
         raise ConfigError(

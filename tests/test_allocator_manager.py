@@ -318,6 +318,7 @@ def test_other_schedulers_still_refuse_resources():
 def test_ebrl_takes_what_it_honours():
     for extra in (
         ["resources.allocator=elastic", "resources.rebalance_patience=3"],
+        ["resources.rebalance_patience=3", "resources.rebalance_threshold=0.3"],  # the watch's
         ["resources.pin=true", "resources.gen_cores=1", "resources.train_cores=1"],
         ["resources.gen_threads=2", "resources.train_threads=1", "resources.gen_batch=2"],
     ):
@@ -329,7 +330,11 @@ def test_ebrl_takes_what_it_honours():
     [
         (["resources.gen_cores=1"], "resources.pin=true"),
         (["resources.gen_batch=2", "scheduler.step_level=false"], "step_level"),
-        (["resources.rebalance_patience=3"], "allocator=elastic"),
+        # the shape watch reads the trigger's settings too: refused only with it off
+        (
+            ["resources.rebalance_patience=3", "scheduler.reshape_on_drift=false"],
+            "allocator=elastic",
+        ),
         (["resources.allocator=elastic", "resources.profile=/no/such.json"], "no such file"),
     ],
 )

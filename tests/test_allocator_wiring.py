@@ -156,9 +156,10 @@ def test_elastic_run_reallocates_applies_and_logs(tiny_cfg, tmp_path, applied):
             "algo.cfg.update_epochs=32",
             # a wall-clock budget: the generator reports its counters at most every 0.25 s, and
             # patience 2 needs 3 reports; 10 updates took 0.5 s here (1-2 reports), so whether
-            # it fired depended on the machine's speed
+            # it fired depended on the machine's speed. 12 s: on a slow day the start-up and the
+            # first update alone took 4.9 s, and a 3 s budget ended the run after it
             "budget.iterations=100000",
-            "budget.minutes=0.05",
+            "budget.minutes=0.2",
         ]
     )
     train(cfg)
@@ -212,3 +213,33 @@ def test_pinned_plan_reaches_ray_worker_processes(tmp_path):
     assert float(rows[-1]["resource/gen_cores"]) == 1.0
     assert float(rows[-1]["resource/train_cores"]) == 1.0
     assert os.sched_getaffinity(0) == before
+
+
+def test_a_heavier_learner_in_a_real_run_fires_the_shape_watch(tiny_cfg, tmp_path):
+    """EBRL as typed (the shape searched, no trials here so the watch starts after the
+    warm-up): from update 6 the learner does 64 more passes over every segment; the watch fires
+    on the learner's drift, scales its cost and searches the shape again (moved or kept: the
+    model's call), and the run folder and the metrics record it. A tiny run's rates swing by
+    a third from one millisecond update to the next: the threshold is 50% held 3 updates, so
+    only the slowdown fires."""
+    cfg = tiny_cfg(
+        [
+            *EBRL,
+            "scheduler.reshape_window=0",
+            "resources.rebalance_threshold=0.5",
+            "resources.rebalance_patience=3",
+            "inject.train_after_updates=6",
+            "inject.train_extra_epochs=64",
+            "budget.iterations=20",
+        ]
+    )
+    train(cfg)
+    rows = [json.loads(x) for x in (tmp_path / "run" / "reallocations.jsonl").open()]
+    shape_rows = [r for r in rows if r.get("kind") == "shape"]
+    learner = [r for r in shape_rows if r["factors"].get("train", 1.0) > 2.0]
+    assert learner, shape_rows
+    assert learner[0]["step"] >= 8 and "train" in learner[0]["cause"]
+    assert learner[0]["search_s"] > 0
+    last_row = metrics(tmp_path)[-1]
+    fired = float(last_row["shape/moves"]) + float(last_row["shape/kept_on_drift"])
+    assert fired == len(shape_rows) >= 1

@@ -218,7 +218,13 @@ def test_a_group_steps_a_chunk_and_records_per_env_step_latency():
     ((p50, p99, n),) = group.step_latency().values()
     assert n == 4 and 0 < p50 <= p99 < 1.0  # ~10-30 ms a step on this machine
     g = stage.gauges()
-    assert set(g) == {"sim/env4/step_ms_p50", "sim/env4/step_ms_p99"}
+    assert set(g) == {
+        "sim/env4/step_ms_p50",
+        "sim/env4/step_ms_p99",
+        "sim/steps_total",
+        "sim/step_s_total",
+    }
+    assert g["sim/steps_total"] == 4 and g["sim/step_s_total"] > 0
     assert g["sim/env4/step_ms_p50"] == pytest.approx(p50 * 1e3)
 
 

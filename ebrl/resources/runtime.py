@@ -6,8 +6,10 @@ fastest kept) and Algorithm 1 at run time (:class:`~ebrl.resources.elastic.Elast
 The driver hands it:
 
 - each update's report (:meth:`report`): the trials advance and may move the run to another
-  shape; the rollout's and the learner's measured rates go to Algorithm 1, which may decide a
-  new gen/train split; it returns the ``resource/*`` and ``shape/*`` metrics of the update;
+  shape; once they are over, the stages' measured rates go to the shape watch
+  (:class:`~ebrl.resources.watch.ShapeWatch`: a stage that drifts has the whole shape searched
+  again) or to Algorithm 1, which may decide a new gen/train split; it returns the
+  ``resource/*`` and ``shape/*`` metrics of the update;
 - the generator's rollout counters, out of its telemetry (:meth:`gauges`);
 - each stage's acknowledgement of a split (:meth:`applied`): once both stages applied a
   reallocation, its cost (the stages' own seconds applying it) and latency (decision to the last
@@ -41,6 +43,7 @@ from ebrl.resources.profiler import Profile
 from ebrl.resources.shape import ShapeChoice, ShapeTrials, recalibrate
 from ebrl.resources.split import Allocation, AllocationError
 from ebrl.resources.topology import Topology
+from ebrl.resources.watch import ShapeMove, ShapeWatch, SimMeter
 
 log = logging.getLogger(__name__)
 
@@ -143,6 +146,8 @@ class RunTimeManager:
         out_dir: the run folder: ``reallocations.jsonl`` and ``shape.json`` (None: log only).
         choice: the shape search's outcome, when the shape was searched.
         trials: the shortlisted shapes to measure in the run (None: none).
+        watch: the shape searched again on a stage's drift once the trials are over (None:
+            the shape stays; with Algorithm 1 it is the split that moves).
         clock: wall clock of acknowledgements (injectable for tests).
     """
 
@@ -157,18 +162,25 @@ class RunTimeManager:
         out_dir: Path | None = None,
         choice: ShapeChoice | None = None,
         trials: ShapeTrials | None = None,
+        watch: ShapeWatch | None = None,
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         if trials is not None and choice is None:
             raise ValueError("RunTimeManager: shape trials need the shape search's choice")
+        if watch is not None and elastic is not None:
+            raise ValueError("RunTimeManager: the shape watch and Algorithm 1 would both move")
         self.resources = resources
         self.meter = RolloutMeter(num_envs)
         self.warmup = max(1, warmup)
         self.elastic = elastic
         self.topology = topology
         self.out_dir = out_dir
-        self.choice, self.trials = choice, trials
+        self.choice, self.trials, self.watch = choice, trials, watch
         self.clock = clock
+        self.shape_moves = 0
+        self.shape_kept = 0
+        self.moved: tuple[ShapeMove, float] | None = None  # a move waiting for its next report
+        self.sim_meter = SimMeter()
         self.counters: dict[str, float] = {}
         self.gen_last: tuple[float, float] | None = None  # (decisions, busy seconds)
         self.seen: dict[str, Acknowledged] = {}
@@ -197,6 +209,9 @@ class RunTimeManager:
         self.gen_last = None
         for k in COUNTERS:
             self.counters.pop(k, None)
+        self.sim_meter.last = None
+        if self.watch is not None:  # a new process's rates start a level of their own
+            self.watch.restart(self.watch.shape)
         if role in self.sent:
             self.send_split(role, *self.sent[role])
 
@@ -249,13 +264,27 @@ class RunTimeManager:
         changes under it: its monitors would take the trials' own moves for a drift); the
         metrics to add to the update's."""
         trying = self.trials is not None and not self.trials.done
-        out = self._shape(env_steps, time.monotonic() if at is None else at)
+        now = time.monotonic() if at is None else at
+        out = self._shape(env_steps, now)
         rollout, gen_cap = self._rates()
         train = metrics.get("resource/train_per_s_update")
         if rollout is not None:
             out["resource/rollout_per_s_update"] = rollout
         if gen_cap is not None:
             out["resource/gen_per_s_update"] = gen_cap
+        sim = self.sim_meter.update(metrics)
+        if sim is not None:
+            out["resource/sim_steps_per_s_update"] = sim
+        if self.watch is not None:
+            if self.moved is not None:  # the previous update's move is in force by now
+                self._record_move(*self.moved, latency=now - self.moved[1])
+                self.moved = None
+            if iteration >= self.warmup and not trying:
+                rates = {"sim": sim, "gen": gen_cap, "train": train}
+                move = self.watch.observe(rates, iteration)
+                if move is not None:
+                    self._moved(move, now)
+            out.update(self.watch_metrics())
         if self.elastic is not None:
             ready = (
                 iteration >= self.warmup
@@ -303,10 +332,27 @@ class RunTimeManager:
         return self.seq, gen_res, train_res
 
     def close(self) -> None:
-        """Record reallocations decided but not acknowledged by both stages before the end."""
+        """Record reallocations decided but not acknowledged by both stages before the end
+        (and a shape move no report came after)."""
         for p in self.pending.values():
             self._record(p.realloc, p, applied=False)
         self.pending.clear()
+        if self.moved is not None:
+            self._record_move(self.moved[0], self.moved[1], latency=None)
+            self.moved = None
+
+    def watch_metrics(self) -> dict[str, float]:
+        """The shape watch's gauges: the drift and its streak, the moves and the firings that
+        kept the shape, the last firing's search seconds."""
+        assert self.watch is not None
+        w, last = self.watch, self.watch.moves[-1] if self.watch.moves else None
+        return {
+            "shape/drift": w.monitor.last,
+            "shape/drift_streak": float(w.monitor.streak),
+            "shape/moves": float(self.shape_moves),
+            "shape/kept_on_drift": float(self.shape_kept),
+            "shape/move_search_s": last.search_s if last is not None else math.nan,
+        }
 
     # -- metrics -------------------------------------------------------------------------------
     def elastic_metrics(self) -> dict[str, float]:
@@ -328,6 +374,36 @@ class RunTimeManager:
         }
 
     # -- internals -----------------------------------------------------------------------------
+    def _moved(self, move: ShapeMove, at: float) -> None:
+        """The watch fired: a new shape goes out (recorded at the next report, when it is in
+        force), a kept one is recorded now."""
+        if not move.changed:
+            self.shape_kept += 1
+            log.info("shape: drift at update %d, kept %s: %s", move.step, move.old.describe(),
+                     move.cause)  # fmt: skip
+            self._record_move(move, at, latency=0.0)
+            return
+        self.shape_moves += 1
+        log.info(
+            "shape: drift at update %d: %s; %s -> %s (predicted %.0f -> %.0f env steps/s, "
+            "search %.2f s)",
+            move.step, move.cause, move.old.describe(), move.new.describe(),
+            move.predicted_old, move.predicted_new, move.search_s,
+        )  # fmt: skip
+        self.send_shape(move.new)
+        self.moved = (move, at)
+
+    def _record_move(self, move: ShapeMove, at: float, latency: float | None) -> None:
+        """A shape move (or a firing that kept it) in ``reallocations.jsonl``; ``latency``:
+        decision to the next report (None: the run ended first)."""
+        if self.out_dir is None:
+            return
+        row = {**move.to_dict(), "applied": move.changed and latency is not None,
+               "apply_latency_s": latency}  # fmt: skip
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        with (self.out_dir / "reallocations.jsonl").open("a") as f:
+            f.write(json.dumps(row) + "\n")
+
     def _shape(self, env_steps: int, at: float) -> dict[str, float]:
         """The trials' step: move on when they say, and once at their end refit the model to the
         shape kept (its metrics; ``shape.json`` rewritten)."""
@@ -341,6 +417,14 @@ class RunTimeManager:
             return {}
         rec = recalibrate(choice, trials.trials, trials.seconds)
         self.choice = dataclasses.replace(choice, recalibration=rec)
+        if self.watch is not None:  # watched from the shape kept, on the refit model
+            model = {p.shape: p.throughput for p in rec.ranked}
+            measured = {
+                t.shape: t.rate / model[t.shape]
+                for t in rec.trials
+                if t.updates > 0 and model.get(t.shape, 0.0) > 0
+            }
+            self.watch.restart(rec.after, rec.cores, measured)
         if self.out_dir is not None:
             self.choice.save(self.out_dir)
         return rec.metrics()

@@ -31,12 +31,19 @@ class SimStage:
 
     def gauges(self) -> dict[str, float]:
         """Per-env step latency, milliseconds: ``sim/env<id>/step_ms_p50`` and ``_p99`` over
-        each env's last steps (:meth:`EnvGroup.step_latency`); computed when asked, never on
-        the stepping path."""
+        each env's last steps (:meth:`EnvGroup.step_latency`); and, cumulative since the
+        group was built, the env steps it took (``sim/steps_total``) and the wall seconds it
+        spent stepping (``sim/step_s_total``), whose ratio between two reports is the
+        simulators' rate now (the resource manager's shape watch reads it). Computed when
+        asked, never on the stepping path."""
         out = {}
-        for env_id, (p50, p99, _) in self.group.step_latency().items():
+        steps = 0
+        for env_id, (p50, p99, n) in self.group.step_latency().items():
             out[f"sim/env{env_id}/step_ms_p50"] = p50 * 1e3
             out[f"sim/env{env_id}/step_ms_p99"] = p99 * 1e3
+            steps += n
+        out["sim/steps_total"] = float(steps)
+        out["sim/step_s_total"] = float(getattr(self.group, "sim_seconds", 0.0))
         return out
 
     def close(self) -> None:

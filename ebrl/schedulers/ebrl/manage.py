@@ -52,6 +52,7 @@ from ebrl.resources.shape import (
     thread_options,
 )
 from ebrl.resources.topology import Topology, discover_cores
+from ebrl.resources.watch import ShapeWatch
 from ebrl.runtime.channel import Outbox
 from ebrl.schedulers.ebrl.messages import Applied, Resources
 from ebrl.stages.profile import gen_stage_fn, ppo_config, profile_for_run, train_stage_fn
@@ -122,6 +123,7 @@ def setup(
     managed: bool,
     choice: ShapeChoice | None = None,
     trials: ShapeTrials | None = None,
+    watch: bool = False,
 ) -> RunTimeManager | None:
     """The run's resource manager from its ``resources`` group, or None where none applies.
 
@@ -141,6 +143,9 @@ def setup(
             workers).
         choice: the shape search's outcome, when the shape was searched.
         trials: the shortlisted shapes to measure in the run (None: none).
+        watch: search the shape again when a stage drifts, once the trials are over
+            (:class:`~ebrl.resources.watch.ShapeWatch`; only where the shape was searched
+            and Algorithm 1 is off: with ``allocator=elastic`` it moves the split instead).
     """
     if not managed:
         return None
@@ -186,6 +191,11 @@ def setup(
             info["profile"] = settings.profile or str(out_dir / "profile.json")
         (out_dir / "resources.json").write_text(json.dumps(info, indent=1, default=_json) + "\n")
     warmup = int(factory.cfg.get("warmup_iters", 1) or 1)
+    watcher = None
+    if watch and choice is not None and elastic is None:
+        watcher = ShapeWatch(
+            choice, settings.rebalance_threshold, int(settings.rebalance_patience or 2)
+        )
     return RunTimeManager(
         res,
         int(factory.cfg["num_envs"]),
@@ -195,6 +205,7 @@ def setup(
         out_dir=out_dir,
         choice=choice,
         trials=trials,
+        watch=watcher,
     )
 
 

@@ -135,6 +135,12 @@ class EBRLScheduler:
             after the other after the first update; the run then keeps the fastest. Fewer
             updates and shapes where the trials would take over a quarter of the run
             (:func:`ebrl.resources.manager.trial_plan`; 0: no trials).
+        reshape_on_drift: once the trials are over, a stage whose rate drifts from its level
+            (``resources.rebalance_threshold``, 15%, held ``resources.rebalance_patience``
+            updates: a tenth of the run's unless set) has the whole shape searched again on
+            its scaled costs, and the run moves where another shape wins
+            (:class:`ebrl.resources.watch.ShapeWatch`); with ``resources=elastic`` Algorithm 1
+            moves the split instead.
         ray_address: ``local`` (a private Ray instance) or a cluster address.
         resources: Ray custom resources per role (``sim``, ``gen``, ``learner``) for placement.
         pin_sim: pin each env worker to a home core (round robin over this process's CPUs).
@@ -171,6 +177,7 @@ class EBRLScheduler:
     batch_max: int | None = None
     batch_timeout_ms: float = 5.0
     reshape_window: int = 3
+    reshape_on_drift: bool = True
     ray_address: str = "local"
     resources: dict[str, dict[str, float]] | None = None
     pin_sim: bool = False
@@ -400,6 +407,7 @@ class EBRLScheduler:
                 managed=ctx.manage_resources,
                 choice=self.shape_choice,
                 trials=trials,
+                watch=self.reshape_on_drift,
             )
             plan = with_resources(plan, roles, manager)
             gens = [
@@ -508,8 +516,8 @@ class EBRLScheduler:
                     if restarts is not None:
                         metrics["fault/env_worker_restarts"] = float(restarts.sims)
                         metrics["fault/gen_restarts"] = float(restarts.gens)
-                    if manager is not None:  # the shape trials, Algorithm 1: both may move
-                        metrics.update(manager.report(m.iteration, m.env_steps, m.metrics))
+                    if manager is not None:  # the trials, the shape watch, Algorithm 1 may move
+                        metrics.update(manager.report(m.iteration, m.env_steps, metrics))
                         if manager.choice is not None:
                             self.shape_choice = manager.choice
                     params: dict[str, Any] = {}
