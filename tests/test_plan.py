@@ -375,6 +375,25 @@ def test_ebrl_searches_its_shape_with_one_replica_and_pins_it_with_several():
     assert not two.ranked and two.shape == Shape(2, True, 4, 0.005)  # half a replica's group
 
 
+def test_ebrl_weighs_every_thread_split_on_cores_and_takes_a_thread_only_where_it_pays():
+    """As the run's search does (manage.searched_threads): every shape at 1 + 1 and 1 + 2
+    threads, each split on its own costs and layout. A learner-paced workload whose second
+    thread cuts the update takes it; one where the second thread only keeps a core busy
+    does not (fewer threads are the simpler shape)."""
+    paced = cpu_profile(train2=3.0)  # 3.9 s an update at 1 thread, 3.0 at 2
+    row = plan_one("ebrl", paced, PlanWorkload(), CPU)
+    assert {p.shape.threads for p in row.ranked} == {(1, 1), (1, 2)}
+    assert row.shape.threads == (1, 2)
+    flat = dataclasses.replace(
+        paced,
+        train=StageProfile(
+            (Point(192, 3.0, threads=1, busy=1.0), Point(192, 3.0, threads=2, busy=1.9)),
+            "samples",
+        ),
+    )
+    assert plan_one("ebrl", flat, PlanWorkload(), CPU).shape.threads == (1, 1)
+
+
 # --- at scale: replicas, ranks, placement -------------------------------------------------------
 def gpu_profile(train_per: float = 0.002) -> Profile:
     gen = tuple(Point(b, 0.02 + 0.001 * b / s, share=s) for s in (0.25, 0.5, 1.0) for b in (1, 64))

@@ -22,6 +22,7 @@ ebrl        ``ebrl/schedulers/ebrl``: EBRL's workers, k >= 1, the shape its reso
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from collections.abc import Mapping, Sequence
@@ -44,7 +45,10 @@ from ebrl.resources.model import (
     mean_prediction,
     pinned_batch_min,
     play,
+    rank,
     replica_blocks,
+    splits_of,
+    thread_options,
 )
 from ebrl.runtime.placement import Ask, place
 
@@ -439,9 +443,16 @@ def plan_one(
     ranked: list[Prediction] = []
     chosen = s.shape
     if s.shapes:  # EBRL with one replica: its resource manager's search, on this layout
-        chosen, ranked = choose(
-            s.costs, s.work, s.shapes, layout=s.layout, seeds=seeds, updates=updates, warmup=warmup
-        )
+        splits = ebrl_splits(wl, machine) if name == "ebrl" else []
+        if len(splits) > 1:  # on cores, every thread split up to threads.* (manage.py's)
+            chosen, ranked, s = _search_splits(
+                s, splits, profile, wl, machine, seeds, updates, warmup
+            )
+        else:
+            chosen, ranked = choose(
+                s.costs, s.work, s.shapes, layout=s.layout, seeds=seeds, updates=updates,
+                warmup=warmup,
+            )  # fmt: skip
     searched = next((p for p in ranked if p.shape == chosen), None)
     if searched is not None:  # the search played it already, with these seeds
         pred = searched
@@ -460,6 +471,58 @@ def plan_one(
         ranked,
     )
     return row
+
+
+def ebrl_splits(wl: PlanWorkload, machine: MachineSpec) -> list[tuple[int, int]]:
+    """The (gen, train) thread splits EBRL's shape search weighs on cores: every split of the
+    powers of two up to its threads and the threads themselves, fewest first (as
+    ``ebrl.schedulers.ebrl.manage.searched_threads`` with the static, unpinned split); none on
+    GPU shares (the share, not threads, sets a stage's pace there)."""
+    if machine.gpus > 0 and (wl.gen_gpus > 0 or wl.learner_gpus > 0):
+        return []
+    g, t = scheduler_threads("ebrl", wl, machine)
+    return splits_of(thread_options(g), thread_options(t))
+
+
+def _search_splits(
+    base: Setting,
+    splits: Sequence[tuple[int, int]],
+    profile: Profile,
+    wl: PlanWorkload,
+    machine: MachineSpec,
+    seeds: Sequence[int],
+    updates: int,
+    warmup: int,
+    margin: float = 0.02,
+) -> tuple[Shape, list[Prediction], Setting]:
+    """EBRL's search over every candidate shape at every thread split, each split on its own
+    costs and layout (a stage's threads change its cost and the cores it keeps busy); the best,
+    unless a simpler shape (fewer groups, lock step, fewer threads: the order of
+    :func:`ebrl.resources.model.with_threads`) is within ``margin`` of it. A split the profile
+    has no points for is left out. Returns the choice, every prediction (best first) and the
+    setting of the chosen split."""
+    settings: dict[tuple[int, int], Setting] = {}
+    ranked: list[Prediction] = []
+    for split in splits:
+        threads = {**wl.threads, "ebrl": tuple(split)}
+        try:
+            s = build("ebrl", profile, dataclasses.replace(wl, threads=threads), machine)
+        except ProfileError:
+            continue
+        settings[split] = s
+        shapes = [dataclasses.replace(x, threads=tuple(split)) for x in s.shapes]
+        ranked += rank(s.costs, s.work, shapes, seeds, s.layout, updates, warmup)
+    if not ranked:
+        raise ProfileError(f"ebrl: the profile has no points at any thread split of {splits}")
+    ranked.sort(key=lambda p: -round(p.throughput, 6))
+    best = ranked[0].throughput
+    by_shape = {p.shape: p for p in ranked}
+    order = [
+        dataclasses.replace(x, threads=tuple(sp)) for x in base.shapes for sp in settings
+    ]  # simplest first: the shape, then its fewest threads
+    chosen = next(x for x in order if by_shape[x].throughput >= best * (1 - margin))
+    assert chosen.threads is not None
+    return chosen, ranked, settings[chosen.threads]
 
 
 def plan(

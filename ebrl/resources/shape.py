@@ -41,6 +41,8 @@ from ebrl.resources.model import (
     choose,
     costs_for,
     fit_cores,
+    splits_of,
+    thread_options,  # noqa: F401 (the measured thread counts: manage.py reads it from here)
     with_threads,
 )
 
@@ -82,21 +84,6 @@ def _timed(fn: Callable[[], None]) -> tuple[float, float]:
     t, c = time.perf_counter(), time.process_time()
     fn()
     return time.perf_counter() - t, time.process_time() - c
-
-
-def thread_options(most: int) -> tuple[int, ...]:
-    """Thread counts a stage given ``most`` may run with: powers of two below it, and it."""
-    out = {most}
-    t = 1
-    while t < most:
-        out.add(t)
-        t *= 2
-    return tuple(sorted(out))
-
-
-def splits_of(gen_threads: Sequence[int], train_threads: Sequence[int]) -> list[Split]:
-    """Every (gen, train) split of the options, fewest threads first."""
-    return sorted(((g, t) for g in gen_threads for t in train_threads), key=lambda s: (sum(s), s))
 
 
 def measure(

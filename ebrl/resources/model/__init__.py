@@ -44,6 +44,8 @@ from ebrl.resources.model.search import (
     fit_cores,
     mean_prediction,
     rank,
+    splits_of,
+    thread_options,
     with_threads,
 )
 from ebrl.resources.model.types import (
@@ -84,5 +86,7 @@ __all__ = [
     "served_groups",
     "simulate",
     "split_groups",
+    "splits_of",
+    "thread_options",
     "with_threads",
 ]

@@ -75,6 +75,21 @@ def mean_prediction(runs: Sequence[Prediction]) -> Prediction:
     )
 
 
+def thread_options(most: int) -> tuple[int, ...]:
+    """Thread counts a stage given ``most`` may run with: powers of two below it, and it."""
+    out = {most}
+    t = 1
+    while t < most:
+        out.add(t)
+        t *= 2
+    return tuple(sorted(out))
+
+
+def splits_of(gen_threads: Sequence[int], train_threads: Sequence[int]) -> list[Split]:
+    """Every (gen, train) split of the options, fewest threads first."""
+    return sorted(((g, t) for g in gen_threads for t in train_threads), key=lambda s: (sum(s), s))
+
+
 def with_threads(shapes: Sequence[Shape], splits: Sequence[Split]) -> list[Shape]:
     """Each shape at each thread split, the splits in the order given (fewest threads first:
     a split that gains nothing leaves the cores to the others)."""
