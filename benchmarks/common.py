@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import csv
+import json
 import sys
 import time
 from pathlib import Path
@@ -23,3 +25,23 @@ def provenance(seeds: list[int], **extra: Any) -> dict[str, Any]:
         "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
         **extra,
     }
+
+
+def write_results(
+    out: Path,
+    rows: list[dict[str, Any]],
+    keep: tuple[str, ...],
+    title: str,
+    table: str,
+    prov: dict[str, Any],
+) -> None:
+    """A benchmark's ``runs.csv`` (the ``keep`` columns of each run) and ``table.md`` (its
+    printed table under ``title``, then the provenance), and where they went."""
+    with (out / "runs.csv").open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=keep, extrasaction="ignore")
+        w.writeheader()
+        w.writerows(rows)
+    (out / "table.md").write_text(
+        f"# {title}\n\n{table}\n\n```json\n{json.dumps(prov, indent=2)}\n```\n"
+    )
+    print(f"\nwritten to {out}")

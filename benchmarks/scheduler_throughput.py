@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from analysis.stats import bootstrap_ci, ratio_ci  # noqa: E402
-from benchmarks.common import LEVELS_OFF, provenance  # noqa: E402
+from benchmarks.common import LEVELS_OFF, provenance, write_results  # noqa: E402
 
 #: the embedded default: PushCube-v1 on CPU physics, the VLA-shaped transformer (size L:
 #: generation ~ simulation), action chunks of 4, 16 envs in 2 groups, 2 PPO epochs per update
@@ -364,14 +364,7 @@ def main() -> None:
         "shape_refit_predicted",
         "shape_watch",
     )
-    with (out / "runs.csv").open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=keep, extrasaction="ignore")
-        w.writeheader()
-        w.writerows(rows)
-    (out / "table.md").write_text(
-        f"# Scheduler throughput\n\n{table}\n\n```json\n{json.dumps(prov, indent=2)}\n```\n"
-    )
-    print(f"\nwritten to {out}")
+    write_results(out, rows, keep, "Scheduler throughput", table, prov)
 
 
 if __name__ == "__main__":

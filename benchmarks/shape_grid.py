@@ -26,8 +26,6 @@ Usage: python benchmarks/shape_grid.py [--seeds 3,4,5] [--iterations 10] [--work
 from __future__ import annotations
 
 import argparse
-import csv
-import json
 import sys
 import time
 from pathlib import Path
@@ -38,7 +36,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from analysis.stats import bootstrap_ci, ratio_ci  # noqa: E402
-from benchmarks.common import provenance  # noqa: E402
+from benchmarks.common import provenance, write_results  # noqa: E402
 from benchmarks.scheduler_throughput import WORKLOAD, WORKLOADS, run  # noqa: E402
 
 #: the grid's shapes, each with every knob the search would choose pinned
@@ -161,15 +159,7 @@ def main() -> None:
         "shape_after",
         "shape_watch",
     )
-    with (out / "runs.csv").open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=keep, extrasaction="ignore")
-        w.writeheader()
-        w.writerows(rows)
-    (out / "table.md").write_text(
-        f"# EBRL's shape against a grid of pinned shapes\n\n{table}\n\n"
-        f"```json\n{json.dumps(prov, indent=2)}\n```\n"
-    )
-    print(f"\nwritten to {out}")
+    write_results(out, rows, keep, "EBRL's shape against a grid of pinned shapes", table, prov)
 
 
 if __name__ == "__main__":

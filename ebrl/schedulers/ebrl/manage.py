@@ -193,9 +193,7 @@ def setup(
     warmup = int(factory.cfg.get("warmup_iters", 1) or 1)
     watcher = None
     if watch and choice is not None and elastic is None:
-        watcher = ShapeWatch(
-            choice, settings.rebalance_threshold, int(settings.rebalance_patience or 2)
-        )
+        watcher = ShapeWatch(choice, settings.rebalance_threshold, int(patience))
     return RunTimeManager(
         res,
         int(factory.cfg["num_envs"]),
