@@ -11,8 +11,6 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-import torch
-
 from ebrl.ledger import StepLedger
 from ebrl.types import ChunkOutcome, Segment, Transition
 
@@ -47,7 +45,7 @@ class SegmentBuilder:
             q = self._queues.get(e)
             if q is None:
                 raise KeyError(f"SegmentBuilder: env id {e} is not part of this run")
-            q.append(_row(tr, row))
+            q.append(tr.rows(row, row + 1))
             seg = first + self._added[e] // self.T
             self._added[e] += 1
             steps[seg] = steps.get(seg, 0) + int(n)
@@ -70,16 +68,8 @@ class SegmentBuilder:
         rows = []
         for _ in range(self.T):
             step = [self._queues[e].popleft() for e in self.env_ids]
-            rows.append(_cat_rows(step))
+            rows.append(Transition.cat(step))
         return Segment.stack(rows)
-
-
-def _row(tr: Transition, i: int) -> Transition:
-    return Transition(**{f: getattr(tr, f)[i : i + 1] for f in Transition.__slots__})
-
-
-def _cat_rows(rows: list[Transition]) -> Transition:
-    return Transition(**{f: torch.cat([getattr(r, f) for r in rows]) for f in Transition.__slots__})
 
 
 @dataclass

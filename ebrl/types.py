@@ -7,6 +7,7 @@ Shapes use these letters:
   K  actions per chunk (``chunk_size``); an env executes 1..K of them per decision
   A  action dimension
   O  observation dimension (flat state observations)
+  ...  an extra's own shape (see below)
 
 Credit assignment is chunk-level: one decision is one transition. Its reward is the discounted
 sum of the per-step rewards actually collected, ``sum_j gamma^j r_j`` over the ``n_steps`` actions
@@ -16,6 +17,12 @@ env's episode ends inside it; the remaining actions are dropped. See ``ebrl.algo
 Every decision carries the ``policy_version`` that produced it, so staleness (learner version
 minus acting version) is measurable under every scheduler. Stage timings do not travel with the
 data: see :class:`StageTimes`.
+
+``extras`` are what a policy's learner call needs, beyond the observation and the chunk, to score
+the chunk its generator call sampled: a flow-matching VLA's denoising chain and the indices of
+its noise-injected steps (RLinf's ``forward_inputs``). The policy names them (``act`` fills
+them, :meth:`ebrl.policies.base.Policy.evaluate` reads them); every stage carries them as it
+carries the chunk, row for row, and never looks inside. Most policies have none: ``{}``.
 """
 
 from __future__ import annotations
@@ -29,9 +36,25 @@ import torch
 Tensor = torch.Tensor
 
 
+Extras = dict[str, Tensor]
+
+
 def _map(obj: Any, fn) -> Any:
-    """Apply ``fn`` to every tensor field of a dataclass, returning a new instance."""
-    return type(obj)(**{f.name: fn(getattr(obj, f.name)) for f in dataclasses.fields(obj)})
+    """Apply ``fn`` to every tensor field of a dataclass (and to every tensor of its ``extras``),
+    returning a new instance."""
+
+    def each(v: Any) -> Any:
+        return {k: fn(t) for k, t in v.items()} if isinstance(v, dict) else fn(v)
+
+    return type(obj)(**{f.name: each(getattr(obj, f.name)) for f in dataclasses.fields(obj)})
+
+
+def _same_keys(parts: list[Extras], where: str) -> None:
+    keys = set(parts[0])
+    if any(set(p) != keys for p in parts[1:]):
+        raise ValueError(
+            f"{where}: the parts carry different extras ({[sorted(p) for p in parts]})"
+        )
 
 
 @dataclass(kw_only=True, slots=True)
@@ -58,6 +81,7 @@ class ActionChunk:
     value: Tensor  # [B] float32, critic's value of the observation (0 for critic-free algos)
     env_ids: Tensor  # [B] int64, same order as the Observation it answers
     policy_version: Tensor  # [B] int64, version of the weights that acted
+    extras: Extras = field(default_factory=dict)  # name -> [B, ...], to score the chunk
 
     def __len__(self) -> int:
         return int(self.env_ids.shape[0])
@@ -115,6 +139,23 @@ class Transition:
     episode_step: Tensor  # [B] int64
     env_ids: Tensor  # [B] int64
     policy_version: Tensor  # [B] int64
+    extras: Extras = field(default_factory=dict)  # name -> [B, ...], the chunk's
+
+    def rows(self, a: int, b: int) -> Self:
+        """Rows ``a:b`` (a view, no copy)."""
+        return _map(self, lambda t: t[a:b])
+
+    @classmethod
+    def cat(cls, parts: list[Self]) -> Self:
+        """Concatenate batches of decisions along B."""
+        _same_keys([p.extras for p in parts], "Transition.cat")
+        out: dict[str, Any] = {
+            f.name: torch.cat([getattr(p, f.name) for p in parts])
+            for f in dataclasses.fields(cls)
+            if f.name != "extras"
+        }
+        out["extras"] = {k: torch.cat([p.extras[k] for p in parts]) for k in parts[0].extras}
+        return cls(**out)
 
     @classmethod
     def join(cls, obs: Observation, chunk: ActionChunk, out: ChunkOutcome) -> Self:
@@ -141,6 +182,7 @@ class Transition:
             episode_step=out.episode_step,
             env_ids=out.env_ids,
             policy_version=chunk.policy_version,
+            extras=chunk.extras,
         )
 
 
@@ -168,6 +210,7 @@ class Segment:
     episode_step: Tensor  # [T, N] int64, env steps of the episode before this decision
     env_ids: Tensor  # [N] int64
     policy_version: Tensor  # [T, N] int64
+    extras: Extras = field(default_factory=dict)  # name -> [T, N, ...], each decision's chunk's
 
     @property
     def num_steps(self) -> int:
@@ -190,15 +233,23 @@ class Segment:
         fields = {
             f.name: torch.stack([getattr(r, f.name) for r in rows])
             for f in dataclasses.fields(Transition)
-            if f.name != "env_ids"
+            if f.name not in ("env_ids", "extras")
         }
-        return cls(env_ids=ids.clone(), **fields)
+        _same_keys([r.extras for r in rows], "Segment.stack")
+        extras = {k: torch.stack([r.extras[k] for r in rows]) for k in rows[0].extras}
+        return cls(env_ids=ids.clone(), extras=extras, **fields)
 
     @classmethod
     def cat_envs(cls, parts: list[Self]) -> Self:
         """Concatenate segments of equal T over disjoint env sets (e.g. env groups)."""
-        out = {}
+        out: dict[str, Any] = {}
         for f in dataclasses.fields(cls):
+            if f.name == "extras":
+                _same_keys([p.extras for p in parts], "Segment.cat_envs")
+                out["extras"] = {
+                    k: torch.cat([p.extras[k] for p in parts], dim=1) for k in parts[0].extras
+                }
+                continue
             dim = 0 if f.name == "env_ids" else 1
             out[f.name] = torch.cat([getattr(p, f.name) for p in parts], dim=dim)
         seg = cls(**out)
@@ -209,6 +260,11 @@ class Segment:
     def staleness(self, learner_version: int) -> Tensor:  # [T, N] int64
         """Learner version minus the version that acted, per decision."""
         return learner_version - self.policy_version
+
+    def flat_extras(self) -> Extras:
+        """``extras`` with the decisions on one axis: name -> ``[T*N, ...]``, in the order of
+        ``obs.flatten(0, 1)``."""
+        return {k: v.flatten(0, 1) for k, v in self.extras.items()}
 
     def to(self, device: torch.device | str) -> Self:
         return _map(self, lambda t: t.to(device))

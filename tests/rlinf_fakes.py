@@ -145,8 +145,6 @@ class FakeRLinfMLP(torch.nn.Module):
     ``predict_action_batch`` -> (chunk [B, K, A], {prev_logprobs [B, K*A], prev_values [B, 1],
     forward_inputs}); ``default_forward(forward_inputs, ...)`` -> logprobs, entropy, values."""
 
-    extra_inputs: tuple[str, ...] = ()
-
     def __init__(self, cfg):
         super().__init__()
         self.k, self.a = int(cfg.num_action_chunks), int(cfg.action_dim)
@@ -164,7 +162,6 @@ class FakeRLinfMLP(torch.nn.Module):
         d = self._dist(states)
         action = d.mean if mode == "eval" else d.sample()
         inputs = {"action": action, "model_action": action, "states": states}
-        inputs.update({k: torch.zeros(states.shape[0], 3) for k in self.extra_inputs})
         result = {
             "prev_logprobs": d.log_prob(action),
             "prev_values": self.value_head(states),
@@ -189,8 +186,79 @@ class FakeRLinfMLP(torch.nn.Module):
         }
 
 
-class FakeChainModel(FakeRLinfMLP):
-    extra_inputs = ("chains", "denoise_inds")
+class FakeFlowModel(FakeRLinfMLP):
+    """openpi's contract in miniature (rlinf/models/embodiment/openpi, v0.3): the chunk is the
+    end of a denoising chain with noise injected at every step, its log-prob that of the chain's
+    steps, so the learner can score it only from the chain that sampled it.
+
+    ``x_0 ~ N(0, 1)``; ``x_{i+1} = x_i + v(states, x_i, i) / S + sigma * eps_i``; the chunk is
+    ``x_S``. ``forward_inputs``: ``chains [B, S+1, K*A]``, ``denoise_inds [B, S]`` (int64),
+    ``action`` and ``model_action`` (equal), ``states``. ``default_forward`` reads the chain
+    and the step indices, never the action; the value head reads the states only (openpi's with
+    ``value_after_vlm``)."""
+
+    steps = 3
+    sigma = 0.3
+
+    def __init__(self, cfg):
+        super().__init__(cfg)
+        o, d = int(cfg.obs_dim), self.k * self.a
+        self.velocity = torch.nn.Linear(o + d + 1, d)
+
+    def _step_means(self, states, chains, inds):  # -> [B, S, D]
+        x = chains[:, :-1]  # [B, S, D]
+        s = states[:, None].expand(-1, x.shape[1], -1)  # [B, S, O]
+        i = inds[..., None].float() / self.steps  # [B, S, 1]
+        return x + self.velocity(torch.cat([s, x, i], dim=-1)) / self.steps
+
+    def _chain_scores(self, states, chains, inds):
+        step = torch.distributions.Normal(self._step_means(states, chains, inds), self.sigma)
+        return step.log_prob(chains[:, 1:]).sum(1), step.entropy().sum(1)  # [B, D] each
+
+    @torch.inference_mode()
+    def predict_action_batch(self, env_obs, mode="train", **kwargs):
+        states = env_obs["states"]
+        b = states.shape[0]
+        inds = torch.arange(self.steps).expand(b, -1)  # [B, S]
+        x = torch.zeros(b, self.k * self.a) if mode == "eval" else torch.randn(b, self.k * self.a)
+        chain = [x]
+        for i in range(self.steps):
+            step_in = torch.cat([states, x, torch.full((b, 1), i / self.steps)], dim=-1)
+            x = x + self.velocity(step_in) / self.steps
+            if mode != "eval":
+                x = x + self.sigma * torch.randn_like(x)
+            chain.append(x)
+        chains = torch.stack(chain, dim=1)  # [B, S+1, D]
+        logprob, _ = self._chain_scores(states, chains, inds)
+        result = {
+            "prev_logprobs": logprob,
+            "prev_values": self.value_head(states),
+            "forward_inputs": {
+                "chains": chains,
+                "denoise_inds": inds,
+                "action": x,
+                "model_action": x,
+                "states": states,
+            },
+        }
+        return x.reshape(-1, self.k, self.a), result
+
+    def default_forward(self, forward_inputs, compute_values=True, **kwargs):
+        states = forward_inputs["states"]
+        logprob, entropy = self._chain_scores(
+            states, forward_inputs["chains"], forward_inputs["denoise_inds"]
+        )
+        return {"logprobs": logprob, "entropy": entropy, "values": self.value_head(states)}
+
+
+class ListInputsModel(FakeRLinfMLP):
+    """A rollout whose forward_inputs hold something other than one row per decision."""
+
+    @torch.inference_mode()
+    def predict_action_batch(self, env_obs, mode="train", **kwargs):
+        chunk, result = super().predict_action_batch(env_obs, mode, **kwargs)
+        result["forward_inputs"]["prompt"] = ["pick up the cube"] * chunk.shape[0]
+        return chunk, result
 
 
 class OneActionModel(FakeRLinfMLP):
@@ -206,6 +274,7 @@ class OneActionModel(FakeRLinfMLP):
 def get_model(cfg):
     return {
         "fake_mlp": FakeRLinfMLP,
-        "fake_chain": FakeChainModel,
+        "fake_flow": FakeFlowModel,
+        "list_inputs": ListInputsModel,
         "one_action": OneActionModel,
     }.get(str(cfg.model_type), lambda _cfg: None)(cfg)

@@ -56,9 +56,36 @@ def test_weights_round_trip_into_a_fresh_model():
     )
 
 
-def test_models_it_cannot_train_yet_are_refused_by_name():
-    with pytest.raises(RuntimeError, match=r"needs \['chains', 'denoise_inds'\]"):
-        RLinfPolicy(SPEC, model_type="fake_chain", registry=FAKE)
+def test_a_flow_models_chunk_is_scored_with_the_chain_that_sampled_it():
+    """openpi's contract: the log-prob is the denoising chain's, so the chunk carries the chain
+    and the step indices to the learner (its extras), and scoring needs them."""
+    p = RLinfPolicy(SPEC, model_type="fake_flow", registry=FAKE)
+    assert p.extra_shapes == {
+        "chains": ((4, 4), torch.float32),  # S + 1 = 4 points of K * A = 4 dims
+        "denoise_inds": ((3,), torch.int64),
+    }
+    assert p.rebuilds_model_action  # equal to the chunk: not carried twice
+    batch = obs()
+    chunk = p.act(batch)
+    assert set(chunk.extras) == {"chains", "denoise_inds"}
+    assert chunk.extras["chains"].shape == (5, 4, 4)
+    torch.testing.assert_close(chunk.extras["chains"][:, -1], chunk.actions.reshape(5, -1))
+    ev = p.evaluate(batch.obs, chunk.actions, chunk.extras)
+    torch.testing.assert_close(ev.logprob, chunk.logprob)
+    torch.testing.assert_close(ev.value, chunk.value)
+    assert ev.logprob.requires_grad
+    # another row's chain scores another log-prob: the row order must be kept
+    swapped = {k: v.roll(1, dims=0) for k, v in chunk.extras.items()}
+    assert not torch.allclose(p.evaluate(batch.obs, chunk.actions, swapped).logprob, ev.logprob)
+    with pytest.raises(ValueError, match=r"\['chains', 'denoise_inds'\] from the rollout"):
+        p.evaluate(batch.obs, chunk.actions)
+    # a value call needs no chain
+    torch.testing.assert_close(p.value(batch.obs), chunk.value)
+
+
+def test_models_it_cannot_train_are_refused_by_name():
+    with pytest.raises(RuntimeError, match=r"forward_inputs\['prompt'\] is not a tensor"):
+        RLinfPolicy(SPEC, model_type="list_inputs", registry=FAKE)
     with pytest.raises(RuntimeError, match=r"shape \(2, 1, 2\).*chunk_size"):
         RLinfPolicy(SPEC, model_type="one_action", registry=FAKE)
     with pytest.raises(RuntimeError, match="no model type 'nope'"):
@@ -77,11 +104,11 @@ RUN = [
 ]
 
 
-def fake_run(scheduler: str) -> list[str]:
+def fake_run(scheduler: str, model: str = "fake_mlp") -> list[str]:
     extra = ["scheduler.backend=inprocess"] if scheduler == "ebrl" else []
     return [
         *RUN,
-        "policy.model_type=fake_mlp",
+        f"policy.model_type={model}",
         f"policy.registry={FAKE}",
         "policy.package=''",
         f"scheduler={scheduler}",
@@ -105,11 +132,34 @@ def test_ppo_trains_an_rlinf_model_under_sync_and_ebrl(scheduler, tmp_path):
     assert not torch.equal(before, fresh.model.net.weight)
 
 
+@pytest.mark.parametrize("scheduler", ["sync", "ebrl"])
+def test_ppo_scores_every_decision_with_its_own_chain(scheduler, tmp_path):
+    """Through the whole engine (EBRL's: slots, messages, env workers, segments from several
+    env workers) each decision reaches the learner with the chain that sampled it: with fresh
+    data (k = 0) the learner's first scores equal the generator's, so every behaviour weight is
+    1. A chain of another decision would score another log-prob."""
+    import csv
+
+    from ebrl.train import train
+
+    fresh = ["scheduler.staleness=0"] if scheduler == "ebrl" else []
+    s = train(make_cfg([*fake_run(scheduler, "fake_flow"), *fresh], tmp_path))
+    assert s.status == "FINISHED" and s.iterations == 3
+    rows = list(csv.DictReader((tmp_path / "run" / "metrics.csv").open()))
+    assert len(rows) == 3
+    for r in rows:
+        assert float(r["train/behave_weight_mean"]) == pytest.approx(1.0, abs=1e-4)
+        assert float(r["train/behave_dropped_frac"]) == 0.0
+
+
 def test_grpo_trains_an_rlinf_model_and_its_reference_kl_is_refused_by_name(tmp_path):
     from ebrl.train import train
 
     grpo = ["algo=grpo", "algo.cfg.group_size=2"]
     s = train(make_cfg([*fake_run("sync"), *grpo], tmp_path))
+    assert s.status == "FINISHED" and s.iterations == 3
+    # a flow model's chains go through GRPO's mask of valid decisions
+    s = train(make_cfg([*fake_run("ebrl", "fake_flow"), *grpo], tmp_path / "flow"))
     assert s.status == "FINISHED" and s.iterations == 3
     with pytest.raises(
         ConfigError, match=r"kl_coef=0.1 with policy=rlinf_mlp.*set algo.cfg.kl_coef=0"

@@ -168,13 +168,15 @@ class GRPO:
         optimizer_to(self.optimizer, device)
         return self
 
-    def _ref_kl(self, obs: Tensor, actions: Tensor):
+    def _ref_kl(self, batch: FlatBatch):
         """Extra-loss closure: kl_coef * KL(current || reference), exact for Gaussians; the mean
         over the minibatch is ``mean``'s (a rank's share of it under data parallelism)."""
 
         def fn(d: torch.distributions.Normal, idx: Tensor, mean) -> tuple[Tensor, float]:
             with torch.no_grad():
-                ref = self.reference.dist(obs[idx], actions[idx])  # loc/scale [b, K, A]
+                ref = self.reference.dist(  # loc/scale [b, K, A]
+                    batch.obs[idx], batch.actions[idx], batch.extras_of(idx)
+                )
             kl = mean(torch.distributions.kl_divergence(d, ref).sum(dim=(1, 2)))  # []
             return self.cfg.kl_coef * kl, kl.item()
 
@@ -194,8 +196,9 @@ class GRPO:
         mask = ea.mask.flatten().to(device)  # [T*N]
         obs = seg.obs.flatten(0, 1)[mask]  # [B, O], valid decisions only
         actions = seg.actions.flatten(0, 1)[mask]  # [B, K, A]
+        extras = {k: v[mask] for k, v in seg.flat_extras().items()}  # name -> [B, ...]
         with torch.no_grad():
-            prox = policy.dist(obs, actions).log_prob(actions).sum(dim=2)  # [B, K]
+            prox = policy.dist(obs, actions, extras).log_prob(actions).sum(dim=2)  # [B, K]
         behav = seg.logprob.flatten()[mask]  # [B]
         batch = FlatBatch(
             obs=obs,
@@ -205,6 +208,7 @@ class GRPO:
             advantages=ea.advantages.flatten().to(device)[mask],
             returns=torch.zeros_like(behav),  # no critic
             n_steps=seg.n_steps.flatten()[mask],
+            extras=extras,
         )
         w_mean, dropped = behaviour_stats(prox, behav, cfg.behave_weight_threshold)
         lr = anneal_lr(self.optimizer, cfg, seg.num_steps)
@@ -215,7 +219,7 @@ class GRPO:
             cfg,
             target_kl=cfg.effective_target_kl(policy.spec.chunk_size),
             vf_coef=0.0,
-            extra_loss=self._ref_kl(obs, actions) if self.reference is not None else None,
+            extra_loss=self._ref_kl(batch) if self.reference is not None else None,
             dp=self.dp,
         )
         policy.version += 1

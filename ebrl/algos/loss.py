@@ -45,13 +45,14 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
 
 from ebrl.policies.base import Policy
 from ebrl.runtime.dist import SOLO, DataParallel
+from ebrl.types import Extras
 
 Tensor = torch.Tensor
 RATIO_LEVELS = ("action", "chunk")
@@ -267,9 +268,14 @@ class FlatBatch:
     advantages: Tensor  # [B]
     returns: Tensor  # [B], value targets (unused when vf_coef == 0)
     n_steps: Tensor | None = None  # [B] int64, actions executed (None: all K)
+    extras: Extras = field(default_factory=dict)  # name -> [B, ...], the policy's (ebrl.types)
 
     def __len__(self) -> int:
         return int(self.obs.shape[0])
+
+    def extras_of(self, idx: Tensor) -> Extras:
+        """The rows ``idx`` of every extra."""
+        return {k: v[idx] for k, v in self.extras.items()}
 
 
 #: extra loss term on a minibatch: (current distribution, indices, mean) -> (loss [], log value).
@@ -347,7 +353,7 @@ def sgd_update(
             if cfg.norm_adv and b > 1:  # statistics of the whole minibatch
                 adv = (adv - adv_mb.mean()) / (adv_mb.std() + 1e-8)
             obs, actions = batch.obs[sidx], batch.actions[sidx]
-            d = policy.dist(obs, actions)  # loc/scale [b, K, A]
+            d = policy.dist(obs, actions, batch.extras_of(sidx))  # loc/scale [b, K, A]
             logprob = d.log_prob(actions).sum(dim=2)  # [b, K]
             prox = batch.prox_logprob[sidx]  # [b, K]
             entropy = d.entropy().sum(dim=(1, 2))  # [b]

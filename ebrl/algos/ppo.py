@@ -80,12 +80,14 @@ class PPO:
 
         flat_obs = seg.obs.flatten(0, 1)  # [T*N, O]
         flat_actions = seg.actions.flatten(0, 1)  # [T*N, K, A]
+        extras = seg.flat_extras()  # name -> [T*N, ...]
         with torch.no_grad():
             # The current critic, not the behaviour values: with stale data the acting critic's
             # values are old, and the proximal weights are what the update starts from.
             value = policy.value(flat_obs).view(t_len, n)  # [T, N]
             next_value = policy.value(seg.final_obs.flatten(0, 1)).view(t_len, n)  # [T, N]
-            prox = policy.dist(flat_obs, flat_actions).log_prob(flat_actions).sum(dim=2)  # [T*N, K]
+            d = policy.dist(flat_obs, flat_actions, extras)
+            prox = d.log_prob(flat_actions).sum(dim=2)  # [T*N, K]
 
         ret, discount = chunk_returns(seg.reward, seg.n_steps, cfg.gamma)  # [T, N] each
         done = seg.terminated | seg.truncated  # [T, N]
@@ -102,6 +104,7 @@ class PPO:
             advantages=adv.flatten(),
             returns=returns.flatten(),
             n_steps=seg.n_steps.flatten(),
+            extras=extras,
         )
         w_mean, dropped = behaviour_stats(prox, behav, cfg.behave_weight_threshold)
         lr = anneal_lr(self.optimizer, cfg, seg.num_steps)

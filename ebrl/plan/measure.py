@@ -86,7 +86,7 @@ def measure_level(
 
     from ebrl.algos.loss import FlatBatch, sgd_update
     from ebrl.stages.factory import StageFactory
-    from ebrl.stages.profile import ppo_config
+    from ebrl.stages.profile import ppo_config, sampled_batch
     from ebrl.types import Observation
 
     if device == "cpu":
@@ -116,17 +116,11 @@ def measure_level(
     one = dataclasses.replace(ppo, update_epochs=1, num_minibatches=1)
     learner = factory.policy().to(dev).train()
     opt = torch.optim.Adam(learner.parameters(), lr=ppo.lr, eps=ppo.adam_eps)
-    k, a = learner.spec.chunk_size, learner.spec.action_dim
+    g = torch.Generator().manual_seed(0)
     train = []
     for n in samples:
         mb = max(1, n // max(1, ppo.num_minibatches))
-        x = torch.randn(mb, obs_dim, device=dev)
-        acts = torch.randn(mb, k, a, device=dev)
-        with torch.no_grad():
-            lp = learner.dist(x, acts).log_prob(acts).sum(dim=2)  # [B, K]
-        data = FlatBatch(
-            x, acts, lp.sum(dim=1), lp, torch.randn(mb, device=dev), torch.randn(mb, device=dev)
-        )
+        data = sampled_batch(learner, mb, g, dev)
 
         def update(data: FlatBatch = data) -> None:  # every epoch and minibatch of one segment
             for _ in range(max(1, ppo.update_epochs * ppo.num_minibatches)):

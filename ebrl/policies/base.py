@@ -3,6 +3,11 @@
 Policies are Gaussian over the whole chunk: ``actions [B, K, A]`` with a log-prob summed over
 the K*A dimensions. Actions live in the env's box; the policy samples unbounded and the env
 adapters clip (as ManiSkill's PPO baseline does), so the log-prob is of the unclipped sample.
+
+A policy whose chunk cannot be scored from the observation and the chunk alone (a flow-matching
+VLA scores the denoising chain that produced it) returns what else it needs as the chunk's
+``extras`` (:class:`~ebrl.types.ActionChunk`); the learner hands them back to :meth:`Policy.dist`
+and :meth:`Policy.evaluate` row for row. ebrl's own policies have none.
 """
 
 from __future__ import annotations
@@ -12,7 +17,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ebrl.types import ActionChunk, Observation
+from ebrl.types import ActionChunk, Extras, Observation
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,13 +47,17 @@ class Policy(nn.Module):
 
     # -- to implement ---------------------------------------------------------------------------
     def dist(
-        self, obs: torch.Tensor, actions: torch.Tensor | None = None
+        self,
+        obs: torch.Tensor,
+        actions: torch.Tensor | None = None,
+        extras: Extras | None = None,
     ) -> torch.distributions.Normal:
         """Per-dimension Gaussian over the chunk: loc/scale ``[B, K, A]``.
 
         ``actions [B, K, A]``: the chunk being scored. Policies that decode a chunk action by
         action (autoregressive) need it to condition action j on actions < j (teacher forcing);
-        others ignore it.
+        others ignore it. ``extras`` (name -> ``[B, ...]``): what :meth:`act` returned beside
+        those chunks, for policies that need it to score them; others ignore it.
         """
         raise NotImplementedError
 
@@ -93,9 +102,12 @@ class Policy(nn.Module):
             policy_version=torch.full_like(batch.env_ids, self.version),
         )
 
-    def evaluate(self, obs: torch.Tensor, actions: torch.Tensor) -> Evaluation:
-        """Log-prob, entropy and value of given chunks, with gradients (the learner's call)."""
-        d = self.dist(obs, actions)
+    def evaluate(
+        self, obs: torch.Tensor, actions: torch.Tensor, extras: Extras | None = None
+    ) -> Evaluation:
+        """Log-prob, entropy and value of given chunks, with gradients (the learner's call);
+        ``extras`` as :meth:`dist` takes them."""
+        d = self.dist(obs, actions, extras)
         return Evaluation(
             logprob=d.log_prob(actions).sum(dim=(1, 2)),
             entropy=d.entropy().sum(dim=(1, 2)),

@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from ebrl.policies.base import Policy, PolicySpec
+from ebrl.types import Extras
 
 
 def layer_init(layer: nn.Linear, std: float = math.sqrt(2), bias: float = 0.0) -> nn.Linear:
@@ -51,7 +52,10 @@ class MLPPolicy(Policy):
         self.log_std = nn.Parameter(torch.full((k, a), float(log_std_init)))  # [K, A]
 
     def dist(
-        self, obs: torch.Tensor, actions: torch.Tensor | None = None
+        self,
+        obs: torch.Tensor,
+        actions: torch.Tensor | None = None,
+        extras: Extras | None = None,  # none: the observation and the chunk score it
     ) -> torch.distributions.Normal:
         """Gaussian over the chunk; ``obs [B, O]`` -> loc/scale ``[B, K, A]``."""
         k, a = self.spec.chunk_size, self.spec.action_dim

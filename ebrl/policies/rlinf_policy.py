@@ -12,15 +12,24 @@ RLinf (the system EBRL extends) builds every embodied policy through one registr
 
 :class:`RLinfPolicy` maps that contract onto ebrl's: ``act`` is the rollout call (log-prob and
 entropy summed over the chunk's dimensions, as ebrl's decoupled PPO and GRPO use them), and
-``evaluate(obs, actions)`` rebuilds ``forward_inputs`` from the observation and the chunk. The
-weights are the model's ``state_dict`` (ebrl's weight board and checkpoints carry it).
+``evaluate(obs, actions, extras)`` rebuilds ``forward_inputs`` from the observation, the chunk
+and the chunk's ``extras``: every rollout input the learner call needs that the observation and
+the chunk do not give (openpi's denoising ``chains`` and ``denoise_inds``, ...). The first
+rollout call (on a zero observation, at build) names them and their shapes; ``act`` returns
+them with the chunk, and ebrl's stages carry them to the learner row for row
+(:mod:`ebrl.types`). The weights are the model's ``state_dict`` (ebrl's weight board and
+checkpoints carry it).
 
-What it covers, plainly: models whose ``forward_inputs`` are the state and the action (RLinf's
-``mlp_policy``; its Gaussian heads). The paper's VLAs (``openpi``'s flow matching with its
-denoising chain, OpenVLA-OFT's token inputs) put more into ``forward_inputs`` than ebrl's data
-contract carries from the generator to the learner today; building one says so and names the
-keys, instead of training on a wrong log-prob. ebrl's batch-independent sampling noise is not
-used: RLinf's models draw their own.
+The critic: ebrl's PPO asks for values of observations alone (the current critic's, at the
+decision and after the chunk, for GAE). A model whose learner call reads extras gets zeros of
+their shapes in a value call: right for models whose value head reads the observation only
+(RLinf's MLP and flow policies; openpi with ``value_after_vlm``, pi0.5's setting), wrong for
+one whose value reads the chain (openpi's default value head, on the action expert's output).
+
+ebrl's observations are flat vectors (``ebrl.types``); the paper's VLAs also read camera images
+and the task's instruction as separate inputs, which ebrl's observation contract does not carry
+yet (``ebrl.external``). ebrl's batch-independent sampling noise is not used: RLinf's models
+draw their own.
 """
 
 from __future__ import annotations
@@ -31,10 +40,12 @@ from typing import Any
 import torch
 
 from ebrl.policies.base import Evaluation, Policy, PolicySpec
-from ebrl.types import ActionChunk, Observation
+from ebrl.types import ActionChunk, Extras, Observation
 
-#: what ``evaluate`` can rebuild from (obs, actions)
-REBUILDABLE = frozenset({"states", "action", "model_action"})
+#: what ``evaluate`` rebuilds from (obs, actions): the rest of ``forward_inputs`` are extras
+REBUILT = ("states", "action")
+#: rebuilt from the chunk too where the model's rollout gives it equal to ``action``
+MODEL_ACTION = "model_action"
 
 GetModel = Callable[[Any], torch.nn.Module]
 
@@ -103,8 +114,9 @@ class RLinfPolicy(Policy):
         **_node: the rest of the config node (name, package, install).
 
     Raises:
-        RuntimeError: RLinf is missing, the registry builds nothing for ``model_type``, or the
-            model's rollout needs inputs ebrl cannot carry to the learner yet.
+        RuntimeError: RLinf is missing, the registry builds nothing for ``model_type``, its
+            chunks are not ``[B, K, A]``, or its rollout hands the learner something other than
+            per-decision tensors.
     """
 
     def __init__(
@@ -143,11 +155,14 @@ class RLinfPolicy(Policy):
             raise RuntimeError(f"RLinf's model registry has no model type {model_type!r}")
         self.model_type = model_type
         self.model = model.float()
+        #: the extras a chunk carries to the learner: name -> (shape after B, dtype)
+        self.extra_shapes: dict[str, tuple[tuple[int, ...], torch.dtype]] = {}
+        self.rebuilds_model_action = False
         self._check_rollout()
 
     def _check_rollout(self) -> None:
-        """One rollout call on a zero observation: its chunk shape, and whether ``evaluate``
-        can rebuild what the model's learner call needs."""
+        """One rollout call on a zero observation: its chunk shape, and which of its
+        ``forward_inputs`` the chunk must carry to the learner as extras."""
         b, k, a = 2, self.spec.chunk_size, self.spec.action_dim
         with torch.no_grad():
             chunk, result = self.model.predict_action_batch(
@@ -159,13 +174,23 @@ class RLinfPolicy(Policy):
                 f"for a batch of {b}, ebrl expects ({b}, {k}, {a}) (chunk_size={k}): set "
                 "chunk_size to the model's num_action_chunks"
             )
-        extra = sorted(set(result.get("forward_inputs", {})) - REBUILDABLE)
-        if extra:
-            raise RuntimeError(
-                f"RLinf model {self.model_type!r} needs {extra} from its rollout to score a chunk "
-                "(forward_inputs); ebrl's data contract carries the observation and the chunk "
-                "only, so its PPO and GRPO cannot train this model yet"
-            )
+        inputs = dict(result.get("forward_inputs", {}))
+        given = inputs.get(MODEL_ACTION)
+        self.rebuilds_model_action = given is not None and torch.equal(
+            given.reshape(b, -1), chunk.reshape(b, -1).to(given.dtype)
+        )
+        skip = {*REBUILT, *([MODEL_ACTION] if self.rebuilds_model_action else [])}
+        for name, t in inputs.items():
+            if name in skip:
+                continue
+            if not torch.is_tensor(t) or t.shape[:1] != (b,):
+                raise RuntimeError(
+                    f"RLinf model {self.model_type!r}: forward_inputs[{name!r}] is not a tensor "
+                    f"with one row per decision ({type(t).__name__}"
+                    f"{tuple(t.shape) if torch.is_tensor(t) else ''}); ebrl carries per-decision "
+                    "tensors from the generator to the learner only"
+                )
+            self.extra_shapes[name] = (tuple(t.shape[1:]), t.dtype)
 
     @torch.no_grad()
     def act(
@@ -178,42 +203,73 @@ class RLinfPolicy(Policy):
         chunk, result = self.model.predict_action_batch(
             env_obs={"states": batch.obs.float()}, mode="eval" if deterministic else "train"
         )
+        inputs = result.get("forward_inputs", {})
         return ActionChunk(
             actions=chunk.float(),
             logprob=_flat_sum(result["prev_logprobs"], b),
             value=result["prev_values"].reshape(b, -1)[:, 0].float(),
             env_ids=batch.env_ids,
             policy_version=torch.full_like(batch.env_ids, self.version),
+            extras={name: inputs[name].detach() for name in self.extra_shapes},
         )
 
+    def _placeholders(self, b: int, device: torch.device) -> Extras:
+        """Zeros of every extra's shape, for a call that reads values only."""
+        return {
+            name: torch.zeros((b, *shape), dtype=dtype, device=device)
+            for name, (shape, dtype) in self.extra_shapes.items()
+        }
+
     def _forward(
-        self, obs: torch.Tensor, actions: torch.Tensor, scores: bool, values: bool
+        self,
+        obs: torch.Tensor,
+        actions: torch.Tensor,
+        extras: Extras | None,
+        scores: bool,
+        values: bool,
     ) -> dict[str, torch.Tensor]:
+        extras = extras or {}
+        missing = sorted(set(self.extra_shapes) - set(extras))
+        if missing:
+            raise ValueError(
+                f"RLinf model {self.model_type!r} scores a chunk with {missing} from the rollout "
+                "that sampled it: pass the chunk's extras (ActionChunk.extras, Segment.extras)"
+            )
         flat = actions.reshape(obs.shape[0], -1)
+        inputs = {"states": obs.float(), "action": flat, **extras}
+        if self.rebuilds_model_action:
+            inputs[MODEL_ACTION] = flat
         return self.model.default_forward(
-            forward_inputs={"states": obs.float(), "action": flat, "model_action": flat},
+            forward_inputs=inputs,
             compute_logprobs=scores,
             compute_entropy=scores,
             compute_values=values,
         )
 
-    def dist(self, obs: torch.Tensor, actions: torch.Tensor | None = None) -> ScoredChunk:
-        """The chunks ``actions [B, K, A]`` scored by the model (with gradients)."""
+    def dist(
+        self, obs: torch.Tensor, actions: torch.Tensor | None = None, extras: Extras | None = None
+    ) -> ScoredChunk:
+        """The chunks ``actions [B, K, A]`` scored by the model (with gradients), with the
+        extras their rollout returned."""
         if actions is None:
             raise ValueError("RLinfPolicy.dist scores given chunks: pass the actions")
-        out = self._forward(obs, actions, scores=True, values=False)
+        out = self._forward(obs, actions, extras, scores=True, values=False)
         return ScoredChunk(actions, out["logprobs"], out["entropy"])
 
     def value(self, obs: torch.Tensor) -> torch.Tensor:  # [B]
         b = obs.shape[0]
-        zeros = torch.zeros(b, self.spec.chunk_size, self.spec.action_dim)
-        out = self._forward(obs, zeros, scores=False, values=True)
+        zeros = torch.zeros(b, self.spec.chunk_size, self.spec.action_dim, device=obs.device)
+        out = self._forward(
+            obs, zeros, self._placeholders(b, obs.device), scores=False, values=True
+        )
         return out["values"].reshape(b, -1)[:, 0].float()
 
-    def evaluate(self, obs: torch.Tensor, actions: torch.Tensor) -> Evaluation:
+    def evaluate(
+        self, obs: torch.Tensor, actions: torch.Tensor, extras: Extras | None = None
+    ) -> Evaluation:
         """Log-prob, entropy and value of given chunks in one forward pass."""
         b = obs.shape[0]
-        out = self._forward(obs, actions, scores=True, values=True)
+        out = self._forward(obs, actions, extras, scores=True, values=True)
         return Evaluation(
             logprob=_flat_sum(out["logprobs"], b),
             entropy=_flat_sum(out["entropy"], b),

@@ -25,6 +25,7 @@ from torch import nn
 
 from ebrl.policies.base import Policy, PolicySpec
 from ebrl.policies.mlp import layer_init, tanh_mlp
+from ebrl.types import Extras
 
 #: size name -> (d_model, layers, heads). Chosen from timings on this machine's CPU (one torch
 #: thread, K=4, A=8, O=35, autoregressive decoding): one decision of 16 envs costs ~70 ms of
@@ -148,7 +149,10 @@ class TransformerPolicy(Policy):
         return torch.distributions.Normal(mean, self.log_std[:k].exp().expand_as(mean))
 
     def dist(
-        self, obs: torch.Tensor, actions: torch.Tensor | None = None
+        self,
+        obs: torch.Tensor,
+        actions: torch.Tensor | None = None,
+        extras: Extras | None = None,  # none: the observation and the chunk score it
     ) -> torch.distributions.Normal:
         """Gaussian over the chunk; ``obs [B, O]`` -> loc/scale ``[B, K, A]``.
 

@@ -5,6 +5,10 @@ the generator reads the slots of a batch, writes the chunks back into the action
 env workers only ids. On one machine the slots are POSIX shared memory (no copy through any
 process in between); when a worker sits on another machine, :class:`InlineSlots` carries the same
 rows inside the message instead. Both have one interface: ``put_* -> payload``, ``get_*(payload)``.
+
+A chunk's ``extras`` (what a policy's learner call needs to score it: a flow-matching VLA's
+denoising chain, ``ebrl.types``) have shapes only the policy knows, so they travel in the
+message (the payload) under both, beside the fixed fields in shared memory.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ebrl.types import ActionChunk
+from ebrl.types import ActionChunk, Extras
 
 
 def _layout(obs_dim: int, k: int, a: int) -> dict[str, tuple[tuple[int, ...], Any]]:
@@ -83,15 +87,18 @@ class ShmSlots:
     def get_obs(self, env_ids: np.ndarray, payload: Any = None) -> np.ndarray:
         return self.arrays["obs"][env_ids].copy()
 
-    def put_chunk(self, chunk: ActionChunk) -> None:
+    def put_chunk(self, chunk: ActionChunk) -> Extras | None:
+        """Write the chunk's rows; the payload is its extras (None without)."""
         ids = chunk.env_ids.numpy()
         self.arrays["actions"][ids] = chunk.actions.numpy()
         self.arrays["logprob"][ids] = chunk.logprob.numpy()
         self.arrays["value"][ids] = chunk.value.numpy()
         self.arrays["version"][ids] = chunk.policy_version.numpy()
-        return None
+        return chunk.extras or None
 
-    def get_chunk(self, env_ids: np.ndarray, payload: Any = None) -> ActionChunk:
+    def get_chunk(self, env_ids: np.ndarray, payload: Extras | None = None) -> ActionChunk:
+        """The rows of ``env_ids`` (in that order, as :meth:`put_chunk` wrote them) with the
+        extras its payload carried."""
         a = self.arrays
         return ActionChunk(
             actions=torch.from_numpy(a["actions"][env_ids].copy()),
@@ -99,6 +106,7 @@ class ShmSlots:
             value=torch.from_numpy(a["value"][env_ids].copy()),
             env_ids=torch.from_numpy(np.asarray(env_ids, dtype=np.int64)),
             policy_version=torch.from_numpy(a["version"][env_ids].copy()),
+            extras=dict(payload or {}),
         )
 
     def close(self) -> None:

@@ -178,6 +178,33 @@ def policy_shape(policy: Any) -> dict[str, Any]:
     }
 
 
+def sampled_batch(
+    policy: Any, batch: int, g: torch.Generator, device: torch.device | None = None
+) -> FlatBatch:
+    """A learner's minibatch of ``batch`` decisions as a rollout makes them: random
+    observations, the chunks (and their extras) the policy samples for them, its own scores as
+    the behaviour and proximal log-probs, random advantages and returns."""
+    spec = policy.spec
+    obs = torch.randn(batch, spec.obs_dim, generator=g).to(device)  # [B, O]
+    noise = torch.randn(batch, spec.chunk_size, spec.action_dim, generator=g)  # [B, K, A]
+    with torch.no_grad():
+        chunk = policy.act(
+            Observation(obs=obs, env_ids=torch.arange(batch, device=device)),
+            noise=noise.to(device),
+        )
+        actions = chunk.actions  # [B, K, A]
+        lp = policy.dist(obs, actions, chunk.extras).log_prob(actions).sum(dim=2)  # [B, K]
+    return FlatBatch(
+        obs=obs,
+        actions=actions,
+        behav_logprob=lp.sum(dim=1),
+        prox_logprob=lp,
+        advantages=torch.randn(batch, generator=g).to(device),
+        returns=torch.randn(batch, generator=g).to(device),
+        extras=chunk.extras,
+    )
+
+
 def train_stage_fn(
     policy: Any, ppo_cfg: Any | None = None, pin_cores: bool = False, seed: int = 0
 ) -> StageFn:
@@ -196,23 +223,10 @@ def train_stage_fn(
     cfg = ppo_cfg if ppo_cfg is not None else PPOConfig()
     one = dataclasses.replace(cfg, update_epochs=1, num_minibatches=1)
     opt = torch.optim.Adam(policy.parameters(), lr=cfg.lr, eps=cfg.adam_eps)
-    k, a, o = policy.spec.chunk_size, policy.spec.action_dim, policy.spec.obs_dim
 
     def make(threads: int, batch: int) -> Step:
         _use_cores(threads, pin_cores)
-        g = torch.Generator().manual_seed(seed)
-        obs = torch.randn(batch, o, generator=g)  # [B, O]
-        actions = torch.randn(batch, k, a, generator=g)  # [B, K, A]
-        with torch.no_grad():
-            lp = policy.dist(obs, actions).log_prob(actions).sum(dim=2)  # [B, K]
-        data = FlatBatch(
-            obs=obs,
-            actions=actions,
-            behav_logprob=lp.sum(dim=1),
-            prox_logprob=lp,
-            advantages=torch.randn(batch, generator=g),
-            returns=torch.randn(batch, generator=g),
-        )
+        data = sampled_batch(policy, batch, torch.Generator().manual_seed(seed))
         policy.train()
 
         def step() -> float:

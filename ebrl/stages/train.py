@@ -224,8 +224,9 @@ def extra_passes(
         seg = seg.to(device)
     obs = seg.obs.flatten(0, 1)  # [T*N, O]
     actions = seg.actions.flatten(0, 1)  # [T*N, K, A]
+    extras = seg.flat_extras()  # name -> [T*N, ...]
     for _ in range(passes):
-        ev = policy.evaluate(obs, actions)
+        ev = policy.evaluate(obs, actions, extras)
         (ev.logprob.sum() + ev.entropy.sum() + ev.value.sum()).backward()
         policy.zero_grad(set_to_none=True)
 
