@@ -234,6 +234,10 @@ class CountingSim:
     delay_jitter_s: float = 0.0
     fail_after_steps: int | None = None
     fail_mode: str = "raise"
+    #: a task one-hot over this many tasks after the state (0: none)
+    tasks: int = 0
+    #: a camera_size x camera_size x 3 image after that (0: none)
+    camera_size: int = 0
 
 
 # --- policies ---------------------------------------------------------------------------------

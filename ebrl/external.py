@@ -51,10 +51,10 @@ def rlinf_entry(override: Any, module: str, name: str, what: str, instead: str) 
 def _no_adapter(name: str, rlinf_name: str) -> NotImplementedError:
     why = (
         "ebrl's adapter over RLinf's model registry (ebrl.policies.rlinf_policy; "
-        "policy=rlinf_mlp) carries what a model's rollout hands its learner (forward_inputs, "
-        "e.g. a denoising chain), but ebrl's observations are one flat vector per env, and "
-        "this VLA reads camera images and the task's instruction as separate inputs, which "
-        "ebrl's observation contract does not carry yet"
+        "policy=rlinf_mlp) gives a model the simulator's state, cameras and instruction and "
+        "carries what its rollout hands its learner (forward_inputs), but this VLA is not "
+        "configured through it yet (its checkpoint, input transforms and the state vector it "
+        "was trained on)"
     )
     return NotImplementedError(
         f"policy={name}: {why}; the paper's GPU runs launch RLinf with the equivalent "

@@ -10,6 +10,8 @@ sum over the episode is positive, so a test can script a success.
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import torch
 
 OBS_DIM, ACTION_DIM = 3, 2
@@ -251,6 +253,58 @@ class FakeFlowModel(FakeRLinfMLP):
         return {"logprobs": logprob, "entropy": entropy, "values": self.value_head(states)}
 
 
+def prompt_tokens(prompts, n: int = 16) -> torch.Tensor:  # [B, n] int64
+    """A stand-in for a tokenizer: the prompt's first ``n`` characters' codes."""
+    return torch.tensor([[ord(c) for c in p[:n].ljust(n)] for p in prompts], dtype=torch.int64)
+
+
+class FakeVLAModel(FakeFlowModel):
+    """A VLA's contract on RLinf's env observation: ``states``, ``main_images`` (uint8
+    ``[B, H, W, 3]``), ``wrist_images`` (alike, or ``None`` without a wrist camera) and
+    ``task_descriptions`` (one instruction per row), the prompt tokenised in the rollout and
+    handed to the learner in ``forward_inputs`` (openpi's ``tokenized_prompt``), beside the
+    chain. The value head reads the state, the image and the prompt.
+
+    Every row it is shown is recorded in ``seen`` (env id, step, first pixel, instruction; the
+    state's first and third values under ``CountingEnv``), so a test can check that each env's
+    image and instruction reached the model with its state."""
+
+    seen: ClassVar[list[tuple[float, float, int, str]]] = []
+
+    def __init__(self, cfg):
+        super().__init__(cfg)
+        self.vla_value = torch.nn.Linear(int(cfg.obs_dim) + 2, 1)
+
+    def _features(self, states, images, tokens):
+        pixels = images.float().mean(dim=(1, 2, 3))[:, None] / 255.0
+        return torch.cat([states, pixels, tokens.float().mean(1, keepdim=True) / 100.0], dim=1)
+
+    @torch.inference_mode()
+    def predict_action_batch(self, env_obs, mode="train", **kwargs):
+        states, images = env_obs["states"], env_obs["main_images"]
+        wrist = env_obs["wrist_images"]
+        assert images.dtype == torch.uint8 and images.dim() == 4
+        assert wrist is None or (wrist.dtype == torch.uint8 and wrist.shape == images.shape)
+        prompts = env_obs["task_descriptions"]
+        assert len(prompts) == states.shape[0]
+        FakeVLAModel.seen.extend(
+            zip(states[:, 0].tolist(), states[:, 2].tolist(), images[:, 0, 0, 0].tolist(), prompts)
+        )
+        chunk, result = super().predict_action_batch({"states": states}, mode)
+        tokens = prompt_tokens(prompts)
+        result["prev_values"] = self.vla_value(self._features(states, images, tokens))
+        result["forward_inputs"].update(main_images=images, tokenized_prompt=tokens)
+        return chunk, result
+
+    def default_forward(self, forward_inputs, compute_values=True, **kwargs):
+        out = super().default_forward(forward_inputs)
+        f = forward_inputs
+        out["values"] = self.vla_value(
+            self._features(f["states"], f["main_images"], f["tokenized_prompt"])
+        )
+        return out
+
+
 class ListInputsModel(FakeRLinfMLP):
     """A rollout whose forward_inputs hold something other than one row per decision."""
 
@@ -275,6 +329,7 @@ def get_model(cfg):
     return {
         "fake_mlp": FakeRLinfMLP,
         "fake_flow": FakeFlowModel,
+        "fake_vla": FakeVLAModel,
         "list_inputs": ListInputsModel,
         "one_action": OneActionModel,
     }.get(str(cfg.model_type), lambda _cfg: None)(cfg)

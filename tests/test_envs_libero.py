@@ -199,6 +199,13 @@ def test_all_tasks_share_one_layout_with_a_task_one_hot():
     np.testing.assert_array_equal(b.reset(0)[hot:], np.eye(10, dtype=np.float32)[3])
     group = EnvGroup([a, b], [2, 13], seed=0)
     assert group.reset().shape == (2, a.spec.obs_dim)
+    # the layout names the parts: the task's one-hot indexes the suite's instructions
+    layout = a.spec.obs_layout()
+    assert layout.names() == ["states", "task"] and layout.size("states") == hot
+    assert layout.instructions == b.spec.obs_layout().instructions
+    assert len(layout.instructions) == 10 and layout.instructions[2] == a.language
+    obs = torch.as_tensor(group.reset())
+    assert layout.instructions_of(obs) == [a.language, b.language]
 
 
 @needs_libero
@@ -293,6 +300,16 @@ def test_cameras_render_on_the_cpu_into_the_flat_observation():
     for img in images:  # a real picture: many distinct values, not a blank frame
         assert img.std() > 0.02 and len(np.unique(img)) > 50
     assert not np.array_equal(images[0], images[1])  # agentview and the wrist camera
+    # the layout's views: the state, then each camera as uint8 pixels; this task's instruction
+    layout = env.spec.obs_layout()
+    assert layout.names() == ["states", "main_images", "wrist_images"]
+    batch = torch.from_numpy(obs[None])
+    np.testing.assert_array_equal(layout.view(batch, "states")[0].numpy(), obs[:state])
+    for c, name in enumerate(("main_images", "wrist_images")):
+        pixels = layout.view(batch, name)
+        assert pixels.dtype == torch.uint8 and pixels.shape == (1, s, s, 3)
+        np.testing.assert_array_equal(pixels[0].numpy(), np.round(images[c] * 255).astype(np.uint8))
+    assert layout.instructions_of(batch) == [env.language]
     r = env.step(HOLD)
     assert r.obs.shape == obs.shape and not r.terminated
     other = "osmesa" if os.environ.get("MUJOCO_GL") == "egl" else "egl"
@@ -358,3 +375,38 @@ def test_training_on_libero_end_to_end(scheduler, tmp_path):
     # every third chunk, so fewer than 60 steps were taken
     assert 12 <= summary["env_steps"] < 3 * 2 * 10
     assert summary["stage_busy_s"]["sim"] > 0
+
+
+@needs_libero
+@pytest.mark.slow
+def test_a_vla_trains_on_libero_cameras_and_instruction(tmp_path):
+    """A VLA-shaped model with RLinf's contract (tests/rlinf_fakes.py: FakeVLAModel: the two
+    cameras as uint8, the instruction tokenised, a denoising chain) trains on LIBERO's rendered
+    observations; every decision is scored as the generator scored it."""
+    import csv
+
+    vla = [
+        *(o for o in TINY if not o.startswith("policy.")),
+        "simulator.obs_mode=state_rgb",
+        "simulator.camera_size=8",
+        "policy=rlinf_mlp",
+        "policy.model_type=fake_vla",
+        "policy.registry=tests.rlinf_fakes.get_model",
+        "policy.package=''",
+        "scheduler=sync",
+    ]
+    cmd = [
+        sys.executable,
+        "-m",
+        "ebrl.train",
+        *vla,
+        f"run_dir={tmp_path / 'run'}",
+        f"tracking.store={tmp_path / 'mlflow'}",
+        f"hydra.run.dir={tmp_path / 'hydra'}",
+    ]
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["status"] == "FINISHED" and summary["iterations"] == 3
+    for r in csv.DictReader((tmp_path / "run" / "metrics.csv").open()):
+        assert float(r["train/behave_weight_mean"]) == pytest.approx(1.0, abs=1e-4)

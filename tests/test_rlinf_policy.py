@@ -8,15 +8,18 @@ from __future__ import annotations
 
 import importlib.util
 
+import numpy as np
 import pytest
 import torch
 
 from ebrl.config import ConfigError, validate
+from ebrl.envs.fake import CountingEnv
 from ebrl.policies.base import PolicySpec
 from ebrl.policies.rlinf_policy import RLinfPolicy
 from ebrl.types import Observation
 
 from .conftest import TINY, make_cfg
+from .rlinf_fakes import FakeVLAModel
 
 FAKE = "tests.rlinf_fakes.get_model"
 SPEC = PolicySpec(obs_dim=4, action_dim=2, chunk_size=2)
@@ -64,7 +67,8 @@ def test_a_flow_models_chunk_is_scored_with_the_chain_that_sampled_it():
         "chains": ((4, 4), torch.float32),  # S + 1 = 4 points of K * A = 4 dims
         "denoise_inds": ((3,), torch.int64),
     }
-    assert p.rebuilds_model_action  # equal to the chunk: not carried twice
+    # the rest of its forward_inputs come from the observation and the chunk
+    assert p.from_obs == ("states",) and p.from_chunk == ("action", "model_action")
     batch = obs()
     chunk = p.act(batch)
     assert set(chunk.extras) == {"chains", "denoise_inds"}
@@ -79,8 +83,44 @@ def test_a_flow_models_chunk_is_scored_with_the_chain_that_sampled_it():
     assert not torch.allclose(p.evaluate(batch.obs, chunk.actions, swapped).logprob, ev.logprob)
     with pytest.raises(ValueError, match=r"\['chains', 'denoise_inds'\] from the rollout"):
         p.evaluate(batch.obs, chunk.actions)
-    # a value call needs no chain
-    torch.testing.assert_close(p.value(batch.obs), chunk.value)
+    # values: of an observation alone through the rollout call (no gradients), with the
+    # chunk's extras through the learner's
+    with torch.no_grad():
+        torch.testing.assert_close(p.value(batch.obs), chunk.value)
+    torch.testing.assert_close(p.value(batch.obs, chunk.extras), chunk.value)
+    with pytest.raises(ValueError, match="a value with gradients needs the extras"):
+        p.value(batch.obs)
+
+
+def counting_vla_envs(n: int = 3) -> list[CountingEnv]:
+    """CountingEnv with a state of 5, a one-hot over 2 tasks and a 4 x 4 image."""
+    return [CountingEnv(e, obs_dim=5, tasks=2, camera_size=4) for e in range(n)]
+
+
+def test_a_vla_is_shown_the_simulators_state_images_and_instructions_by_its_layout():
+    envs = counting_vla_envs()
+    layout = envs[0].spec.obs_layout()
+    spec = PolicySpec(obs_dim=envs[0].spec.obs_dim, action_dim=2, chunk_size=2, layout=layout)
+    p = RLinfPolicy(spec, model_type="fake_vla", registry=FAKE)
+    assert p.model.velocity.in_features == 5 + 4 + 1  # the state's size, not the vector's
+    assert p.from_obs == ("states", "main_images") and p.from_chunk == ("action", "model_action")
+    assert set(p.extra_shapes) == {"chains", "denoise_inds", "tokenized_prompt"}
+    batch = Observation(
+        obs=torch.from_numpy(np.stack([env.reset(0) for env in envs])), env_ids=torch.arange(3)
+    )
+    FakeVLAModel.seen.clear()
+    chunk = p.act(batch)
+    # env e at step 0: pixel 16 e, instruction of task e % 2
+    assert FakeVLAModel.seen == [
+        (0.0, 0.0, 0, "count task 0"),
+        (1.0, 0.0, 16, "count task 1"),
+        (2.0, 0.0, 32, "count task 0"),
+    ]
+    ev = p.evaluate(batch.obs, chunk.actions, chunk.extras)
+    torch.testing.assert_close(ev.logprob, chunk.logprob)
+    torch.testing.assert_close(ev.value, chunk.value)  # the image and the prompt rebuilt
+    with torch.no_grad():
+        torch.testing.assert_close(p.value(batch.obs), chunk.value)
 
 
 def test_models_it_cannot_train_are_refused_by_name():
@@ -150,6 +190,31 @@ def test_ppo_scores_every_decision_with_its_own_chain(scheduler, tmp_path):
     for r in rows:
         assert float(r["train/behave_weight_mean"]) == pytest.approx(1.0, abs=1e-4)
         assert float(r["train/behave_dropped_frac"]) == 0.0
+
+
+@pytest.mark.parametrize("scheduler", ["sync", "ebrl"])
+def test_ppo_trains_a_vla_on_each_envs_images_and_instruction(scheduler, tmp_path):
+    """A VLA-shaped observation (state, task one-hot, camera) through the whole engine: the
+    model sees each env's own image and instruction at every step, and the learner scores each
+    decision as the generator did (image rebuilt from the observation, prompt tokens and chain
+    carried as extras)."""
+    import csv
+
+    from ebrl.train import train
+
+    FakeVLAModel.seen.clear()
+    vla = ["simulator.tasks=2", "simulator.camera_size=4"]
+    fresh = ["scheduler.staleness=0"] if scheduler == "ebrl" else []
+    s = train(make_cfg([*fake_run(scheduler, "fake_vla"), *vla, *fresh], tmp_path))
+    assert s.status == "FINISHED" and s.iterations == 3
+    for r in csv.DictReader((tmp_path / "run" / "metrics.csv").open()):
+        assert float(r["train/behave_weight_mean"]) == pytest.approx(1.0, abs=1e-4)
+    # rows of the run's envs (the profiler's and the build's random observations aside)
+    shown = [r for r in FakeVLAModel.seen if r[0] in (0.0, 1.0, 2.0, 3.0)]
+    assert len(shown) >= 4 * 8 * 3  # every decision of 3 updates of 4 envs x 8
+    for e, t, pixel, instruction in shown:
+        assert pixel == (16 * int(e) + int(t)) % 256
+        assert instruction == f"count task {int(e) % 2}"
 
 
 def test_grpo_trains_an_rlinf_model_and_its_reference_kl_is_refused_by_name(tmp_path):

@@ -386,7 +386,7 @@ def sgd_update(
             loss = pl.loss - cfg.ent_coef * ent
             v_loss = torch.zeros(())
             if vf_coef != 0.0:
-                v = policy.value(obs)  # [b]
+                v = policy.value(obs, batch.extras_of(sidx))  # [b]
                 v_loss = 0.5 * mean((v - batch.returns[sidx]) ** 2)
                 loss = loss + vf_coef * v_loss
             if extra_loss is not None:

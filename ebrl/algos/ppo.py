@@ -84,7 +84,7 @@ class PPO:
         with torch.no_grad():
             # The current critic, not the behaviour values: with stale data the acting critic's
             # values are old, and the proximal weights are what the update starts from.
-            value = policy.value(flat_obs).view(t_len, n)  # [T, N]
+            value = policy.value(flat_obs, extras).view(t_len, n)  # [T, N]
             next_value = policy.value(seg.final_obs.flatten(0, 1)).view(t_len, n)  # [T, N]
             d = policy.dist(flat_obs, flat_actions, extras)
             prox = d.log_prob(flat_actions).sum(dim=2)  # [T*N, K]

@@ -22,6 +22,7 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 import torch
 
+from ebrl.envs.layout import ObsLayout
 from ebrl.types import ActionChunk, ChunkOutcome
 
 
@@ -34,6 +35,12 @@ class EnvSpec:
     max_episode_steps: int
     action_low: float = -1.0
     action_high: float = 1.0
+    #: the parts of the observation and the tasks' instructions (None: one ``states`` field)
+    layout: ObsLayout | None = None
+
+    def obs_layout(self) -> ObsLayout:
+        """The declared layout, checked against ``obs_dim``; one ``states`` field without."""
+        return (self.layout or ObsLayout.flat(self.obs_dim)).check(self.obs_dim)
 
 
 @dataclass(slots=True)

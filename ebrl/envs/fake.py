@@ -8,6 +8,7 @@ import time
 import numpy as np
 
 from ebrl.envs.base import EnvSpec, StepResult
+from ebrl.envs.layout import STATES, TASK, ObsField, ObsLayout
 
 #: reset seeds are folded into obs[4] modulo this, which float32 represents exactly
 SEED_MOD = 1 << 20
@@ -31,6 +32,12 @@ class CountingEnv:
       the episode, ``[3]`` running sum of ``action[0]`` within the episode,
       ``[4]`` (when ``O >= 5``) the last reset seed modulo :data:`SEED_MOD`; the rest are zero.
 
+    With ``tasks`` > 0, a one-hot of the env's task ``env_id % tasks`` follows (instruction
+    ``"count task <i>"``), and with ``camera_size`` = s > 0 an ``s x s x 3`` image whose every
+    pixel is ``(16 * env_id + t) % 256``, in ``[0, 1]`` (``/ 255``): the spec's
+    :class:`~ebrl.envs.layout.ObsLayout` names the three parts (``states``, ``task``,
+    ``main_images``), a VLA-shaped observation whose parts say where they came from.
+
     Reward :func:`counting_reward` of ``(env_id, t, action[0])``. Actions are not clipped, so any
     value passes through. The episode ends after ``episode_len`` steps as terminated with success;
     with ``max_steps`` below that, it ends after ``max_steps`` steps as truncated without success.
@@ -47,6 +54,8 @@ class CountingEnv:
             id), for randomized stage timings in scheduler tests.
         fail_after_steps: fail on this step (counted over the env's life), to test failures:
         fail_mode: ``"raise"`` a RuntimeError, or ``"exit"`` the whole process (a dead worker).
+        tasks: tasks whose one-hot follows the state (0: none).
+        camera_size: side of the image after that (0: none).
     """
 
     def __init__(
@@ -61,6 +70,8 @@ class CountingEnv:
         delay_jitter_s: float = 0.0,
         fail_after_steps: int | None = None,
         fail_mode: str = "raise",
+        tasks: int = 0,
+        camera_size: int = 0,
     ) -> None:
         if obs_dim < 4 or action_dim < 1:
             raise ValueError("CountingEnv needs obs_dim >= 4 and action_dim >= 1")
@@ -75,18 +86,43 @@ class CountingEnv:
             raise ValueError(f"fail_mode={fail_mode!r}: choose 'raise' or 'exit'")
         self.fail_mode = fail_mode
         limit = self.episode_len if max_steps is None else min(self.episode_len, max_steps)
-        self.spec = EnvSpec(obs_dim=obs_dim, action_dim=action_dim, max_episode_steps=limit)
+        if tasks < 0 or camera_size < 0:
+            raise ValueError("CountingEnv needs tasks >= 0 and camera_size >= 0")
+        self.state_dim, self.tasks, self.camera_size = obs_dim, tasks, camera_size
+        self.spec = EnvSpec(
+            obs_dim=obs_dim + tasks + 3 * camera_size**2,
+            action_dim=action_dim,
+            max_episode_steps=limit,
+            layout=self._layout() if tasks or camera_size else None,
+        )
         #: every seed passed to reset, in order (tests check reset-seed streams with it)
         self.seeds: list[int] = []
         self.steps_total = 0
         self._t = 0
         self._sum = 0.0
 
+    def _layout(self) -> ObsLayout:
+        at = self.state_dim
+        fields = [ObsField(STATES, 0, (at,))]
+        if self.tasks:
+            fields.append(ObsField(TASK, at, (self.tasks,), "onehot"))
+            at += self.tasks
+        if self.camera_size:
+            fields.append(ObsField("main_images", at, (self.camera_size,) * 2 + (3,), "image"))
+        instructions = tuple(f"count task {i}" for i in range(self.tasks))
+        return ObsLayout(tuple(fields), instructions)
+
     def _obs(self) -> np.ndarray:  # -> [O] float32
         o = np.zeros(self.spec.obs_dim, np.float32)
         o[:4] = (self.env_id, len(self.seeds), self._t, self._sum)
-        if self.spec.obs_dim >= 5 and self.seeds:
+        if self.state_dim >= 5 and self.seeds:
             o[4] = self.seeds[-1] % SEED_MOD
+        at = self.state_dim
+        if self.tasks:
+            o[at + self.env_id % self.tasks] = 1.0
+            at += self.tasks
+        if self.camera_size:
+            o[at:] = ((16 * self.env_id + self._t) % 256) / 255.0
         return o
 
     def reset(self, seed: int) -> np.ndarray:  # -> [O] float32

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import math
 import os
 import sys
 import threading
@@ -47,6 +48,7 @@ from typing import Any
 import numpy as np
 
 from ebrl.envs.base import EnvSpec, StepResult
+from ebrl.envs.layout import STATES, TASK, ObsField, ObsLayout
 
 
 @dataclass(frozen=True, slots=True)
@@ -356,13 +358,30 @@ class LiberoEnv:
         first = self._reset_raw(0)
         self._proprio = int(np.asarray(first["robot0_proprio-state"]).shape[0])
         self._layout(first)
+        languages = tuple(bench.get_task(t).language for t in tasks)
         self.spec = EnvSpec(
             obs_dim=self._obs_dim,
             action_dim=int(self._low.shape[0]),
             max_episode_steps=self.max_episode_steps,
             action_low=float(self._low.min()),
             action_high=float(self._high.max()),
+            layout=self._declared_layout(languages),
         )
+
+    def _declared_layout(self, languages: tuple[str, ...]) -> ObsLayout:
+        """The flat observation's parts under RLinf's names (``ebrl.envs.layout``): the state
+        (proprioception and objects), the task's one-hot over the suite's instructions (one
+        instruction, this task's, without), and the cameras (agentview as ``main_images``, the
+        wrist camera as ``wrist_images``)."""
+        fields = [ObsField(STATES, 0, (self._proprio + self._objects * OBJECT_STATE_DIM,))]
+        if self._onehot_at is not None:
+            fields.append(ObsField(TASK, self._onehot_at, (len(languages),), "onehot"))
+        if self.cameras:
+            side = (self.camera_size, self.camera_size, 3)
+            for c, name in enumerate(("main_images", "wrist_images")):
+                at = self._image_at + c * math.prod(side)
+                fields.append(ObsField(name, at, side, "image"))
+        return ObsLayout(tuple(fields), languages).check(self._obs_dim)
 
     def _layout(self, raw: dict[str, Any]) -> None:
         """Offsets of each part of the flat observation (see the module docstring)."""

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from ebrl.envs.layout import ObsLayout
 from ebrl.types import ActionChunk, Extras, Observation
 
 
@@ -25,6 +26,11 @@ class PolicySpec:
     obs_dim: int
     action_dim: int
     chunk_size: int  # K
+    #: the observation's parts (the simulator's; None: one ``states`` field of ``obs_dim``)
+    layout: ObsLayout | None = None
+
+    def obs_layout(self) -> ObsLayout:
+        return self.layout or ObsLayout.flat(self.obs_dim)
 
 
 @dataclass(slots=True)
@@ -67,7 +73,10 @@ class Policy(nn.Module):
         ``mean + std * noise`` that :meth:`act` returns."""
         return self.dist(obs)
 
-    def value(self, obs: torch.Tensor) -> torch.Tensor:  # [B]
+    def value(self, obs: torch.Tensor, extras: Extras | None = None) -> torch.Tensor:  # [B]
+        """Critic value of ``obs [B, O]``. ``extras``: those of the chunk decided on ``obs``
+        where there is one (the learner's value loss; a model whose value reads them), None
+        for an observation alone (after a chunk)."""
         raise NotImplementedError
 
     # -- shared ---------------------------------------------------------------------------------
@@ -111,7 +120,7 @@ class Policy(nn.Module):
         return Evaluation(
             logprob=d.log_prob(actions).sum(dim=(1, 2)),
             entropy=d.entropy().sum(dim=(1, 2)),
-            value=self.value(obs),
+            value=self.value(obs, extras),
         )
 
     def get_weights(self) -> tuple[int, dict[str, torch.Tensor]]:

@@ -62,6 +62,6 @@ class MLPPolicy(Policy):
         mean = self.actor(obs).view(-1, k, a)  # [B, K, A]
         return torch.distributions.Normal(mean, self.log_std.exp().expand_as(mean))
 
-    def value(self, obs: torch.Tensor) -> torch.Tensor:  # [B]
-        """Critic value of ``obs [B, O]``."""
+    def value(self, obs: torch.Tensor, extras: Extras | None = None) -> torch.Tensor:  # [B]
+        """Critic value of ``obs [B, O]`` (``extras``: none needed)."""
         return self.critic(obs).squeeze(-1)

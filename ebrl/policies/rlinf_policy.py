@@ -10,26 +10,28 @@ RLinf (the system EBRL extends) builds every embodied policy through one registr
 - training: ``default_forward(forward_inputs=..., compute_logprobs, compute_entropy,
   compute_values)`` returns ``logprobs``, ``entropy`` and ``values`` with gradients.
 
-:class:`RLinfPolicy` maps that contract onto ebrl's: ``act`` is the rollout call (log-prob and
-entropy summed over the chunk's dimensions, as ebrl's decoupled PPO and GRPO use them), and
-``evaluate(obs, actions, extras)`` rebuilds ``forward_inputs`` from the observation, the chunk
-and the chunk's ``extras``: every rollout input the learner call needs that the observation and
-the chunk do not give (openpi's denoising ``chains`` and ``denoise_inds``, ...). The first
-rollout call (on a zero observation, at build) names them and their shapes; ``act`` returns
-them with the chunk, and ebrl's stages carry them to the learner row for row
-(:mod:`ebrl.types`). The weights are the model's ``state_dict`` (ebrl's weight board and
-checkpoints carry it).
+:class:`RLinfPolicy` maps that contract onto ebrl's:
 
-The critic: ebrl's PPO asks for values of observations alone (the current critic's, at the
-decision and after the chunk, for GAE). A model whose learner call reads extras gets zeros of
-their shapes in a value call: right for models whose value head reads the observation only
-(RLinf's MLP and flow policies; openpi with ``value_after_vlm``, pi0.5's setting), wrong for
-one whose value reads the chain (openpi's default value head, on the action expert's output).
+- **Observations.** RLinf's ``env_obs`` is built from ebrl's flat observation by the simulator's
+  layout (:mod:`ebrl.envs.layout`): ``states``, the cameras as ``uint8 [B, H, W, C]``
+  (``main_images``, ``wrist_images``, ...), and ``task_descriptions``, each row's instruction
+  (from the task one-hot the vector carries, or the run's one instruction). The model is built
+  with ``obs_dim`` the state's size.
+- **Rollout.** ``act`` is ``predict_action_batch``: the chunk, its log-prob summed over the
+  chunk's dimensions (as ebrl's decoupled PPO and GRPO use it) and the value head's estimate.
+- **Learner.** ``evaluate(obs, actions, extras)`` / ``dist`` rebuild ``forward_inputs``: what
+  equals a field of the observation comes from it, what equals the chunk from the chunk, and the
+  rest (openpi's denoising ``chains`` and ``denoise_inds``, its tokenised prompt, ...) are the
+  chunk's ``extras``, which ``act`` returns and ebrl's stages carry to the learner row for row
+  (:mod:`ebrl.types`). One rollout call on a random observation, at build, sorts the inputs
+  into these three and records each extra's shape.
+- **Values.** With the extras of the chunk decided on an observation (the value loss, the
+  values at decisions) through ``default_forward``; of an observation alone (after a chunk, for
+  GAE's bootstrap) through the rollout call, which a model whose value reads its inputs to the
+  learner (a chain) needs: a full rollout call, so slower than a value head alone.
+- **Weights.** The model's ``state_dict`` (ebrl's weight board and checkpoints carry it).
 
-ebrl's observations are flat vectors (``ebrl.types``); the paper's VLAs also read camera images
-and the task's instruction as separate inputs, which ebrl's observation contract does not carry
-yet (``ebrl.external``). ebrl's batch-independent sampling noise is not used: RLinf's models
-draw their own.
+ebrl's batch-independent sampling noise is not used: RLinf's models draw their own.
 """
 
 from __future__ import annotations
@@ -39,13 +41,14 @@ from typing import Any
 
 import torch
 
+from ebrl.envs.layout import STATES, TASK
 from ebrl.policies.base import Evaluation, Policy, PolicySpec
 from ebrl.types import ActionChunk, Extras, Observation
 
-#: what ``evaluate`` rebuilds from (obs, actions): the rest of ``forward_inputs`` are extras
-REBUILT = ("states", "action")
-#: rebuilt from the chunk too where the model's rollout gives it equal to ``action``
-MODEL_ACTION = "model_action"
+#: RLinf's camera keys (its envs give each, ``None`` where they have no such camera)
+CAMERA_KEYS = ("main_images", "wrist_images", "extra_view_images")
+#: RLinf's env-obs key of the rows' instructions
+INSTRUCTIONS = "task_descriptions"
 
 GetModel = Callable[[Any], torch.nn.Module]
 
@@ -132,6 +135,7 @@ class RLinfPolicy(Policy):
         from omegaconf import OmegaConf
 
         get_model = rlinf_models(registry)
+        self.layout = spec.obs_layout()
         given = (
             OmegaConf.to_container(model_cfg, resolve=True)
             if OmegaConf.is_config(model_cfg)
@@ -145,7 +149,7 @@ class RLinfPolicy(Policy):
                 "add_q_head": False,
                 **given,
                 "model_type": model_type,
-                "obs_dim": spec.obs_dim,
+                "obs_dim": self.layout.size(STATES) or spec.obs_dim,
                 "action_dim": spec.action_dim,
                 "num_action_chunks": spec.chunk_size,
             }
@@ -155,34 +159,45 @@ class RLinfPolicy(Policy):
             raise RuntimeError(f"RLinf's model registry has no model type {model_type!r}")
         self.model_type = model_type
         self.model = model.float()
+        #: forward_inputs rebuilt from the observation (RLinf's env-obs keys) and from the chunk
+        self.from_obs: tuple[str, ...] = ()
+        self.from_chunk: tuple[str, ...] = ()
         #: the extras a chunk carries to the learner: name -> (shape after B, dtype)
         self.extra_shapes: dict[str, tuple[tuple[int, ...], torch.dtype]] = {}
-        self.rebuilds_model_action = False
         self._check_rollout()
 
+    def env_obs(self, obs: torch.Tensor) -> dict[str, Any]:
+        """RLinf's env observation of ``obs [B, O]`` by the simulator's layout: each field
+        (``states`` float, images ``uint8 [B, H, W, C]``), the rows' ``task_descriptions`` where
+        the simulator declares instructions, and ``None`` for the cameras it lacks where it has
+        one (RLinf's envs give every camera key)."""
+        out: dict[str, Any] = {
+            f.name: self.layout.view(obs, f.name) for f in self.layout.fields if f.name != TASK
+        }
+        if any(f.kind == "image" for f in self.layout.fields):
+            out.update({k: None for k in CAMERA_KEYS if k not in out})
+        if self.layout.instructions:
+            out[INSTRUCTIONS] = self.layout.instructions_of(obs)
+        return out
+
     def _check_rollout(self) -> None:
-        """One rollout call on a zero observation: its chunk shape, and which of its
-        ``forward_inputs`` the chunk must carry to the learner as extras."""
+        """One rollout call on a random observation: its chunk shape, and for each of its
+        ``forward_inputs`` where the learner gets it: rebuilt from the observation (equal to a
+        field of it), from the chunk (equal to it), or carried as an extra."""
         b, k, a = 2, self.spec.chunk_size, self.spec.action_dim
+        obs = torch.rand(b, self.spec.obs_dim, generator=torch.Generator().manual_seed(0))
+        env_obs = self.env_obs(obs)
         with torch.no_grad():
-            chunk, result = self.model.predict_action_batch(
-                env_obs={"states": torch.zeros(b, self.spec.obs_dim)}, mode="train"
-            )
+            chunk, result = self.model.predict_action_batch(env_obs=env_obs, mode="train")
         if tuple(chunk.shape) != (b, k, a):
             raise RuntimeError(
                 f"RLinf model {self.model_type!r} returned chunks of shape {tuple(chunk.shape)} "
                 f"for a batch of {b}, ebrl expects ({b}, {k}, {a}) (chunk_size={k}): set "
                 "chunk_size to the model's num_action_chunks"
             )
-        inputs = dict(result.get("forward_inputs", {}))
-        given = inputs.get(MODEL_ACTION)
-        self.rebuilds_model_action = given is not None and torch.equal(
-            given.reshape(b, -1), chunk.reshape(b, -1).to(given.dtype)
-        )
-        skip = {*REBUILT, *([MODEL_ACTION] if self.rebuilds_model_action else [])}
-        for name, t in inputs.items():
-            if name in skip:
-                continue
+        flat = chunk.reshape(b, -1)
+        from_obs, from_chunk = [], []
+        for name, t in dict(result.get("forward_inputs", {})).items():
             if not torch.is_tensor(t) or t.shape[:1] != (b,):
                 raise RuntimeError(
                     f"RLinf model {self.model_type!r}: forward_inputs[{name!r}] is not a tensor "
@@ -190,7 +205,14 @@ class RLinfPolicy(Policy):
                     f"{tuple(t.shape) if torch.is_tensor(t) else ''}); ebrl carries per-decision "
                     "tensors from the generator to the learner only"
                 )
-            self.extra_shapes[name] = (tuple(t.shape[1:]), t.dtype)
+            seen = env_obs.get(name)
+            if torch.is_tensor(seen) and _same(t, seen):
+                from_obs.append(name)
+            elif _same(t.reshape(b, -1), flat):
+                from_chunk.append(name)
+            else:
+                self.extra_shapes[name] = (tuple(t.shape[1:]), t.dtype)
+        self.from_obs, self.from_chunk = tuple(from_obs), tuple(from_chunk)
 
     @torch.no_grad()
     def act(
@@ -201,7 +223,7 @@ class RLinfPolicy(Policy):
     ) -> ActionChunk:
         b = batch.obs.shape[0]
         chunk, result = self.model.predict_action_batch(
-            env_obs={"states": batch.obs.float()}, mode="eval" if deterministic else "train"
+            env_obs=self.env_obs(batch.obs), mode="eval" if deterministic else "train"
         )
         inputs = result.get("forward_inputs", {})
         return ActionChunk(
@@ -212,13 +234,6 @@ class RLinfPolicy(Policy):
             policy_version=torch.full_like(batch.env_ids, self.version),
             extras={name: inputs[name].detach() for name in self.extra_shapes},
         )
-
-    def _placeholders(self, b: int, device: torch.device) -> Extras:
-        """Zeros of every extra's shape, for a call that reads values only."""
-        return {
-            name: torch.zeros((b, *shape), dtype=dtype, device=device)
-            for name, (shape, dtype) in self.extra_shapes.items()
-        }
 
     def _forward(
         self,
@@ -235,10 +250,13 @@ class RLinfPolicy(Policy):
                 f"RLinf model {self.model_type!r} scores a chunk with {missing} from the rollout "
                 "that sampled it: pass the chunk's extras (ActionChunk.extras, Segment.extras)"
             )
+        env_obs = self.env_obs(obs) if self.from_obs else {}
         flat = actions.reshape(obs.shape[0], -1)
-        inputs = {"states": obs.float(), "action": flat, **extras}
-        if self.rebuilds_model_action:
-            inputs[MODEL_ACTION] = flat
+        inputs = {
+            **{name: env_obs[name] for name in self.from_obs},
+            **{name: flat for name in self.from_chunk},
+            **extras,
+        }
         return self.model.default_forward(
             forward_inputs=inputs,
             compute_logprobs=scores,
@@ -256,12 +274,21 @@ class RLinfPolicy(Policy):
         out = self._forward(obs, actions, extras, scores=True, values=False)
         return ScoredChunk(actions, out["logprobs"], out["entropy"])
 
-    def value(self, obs: torch.Tensor) -> torch.Tensor:  # [B]
+    def value(self, obs: torch.Tensor, extras: Extras | None = None) -> torch.Tensor:  # [B]
+        """The value head's estimate of ``obs``: through the learner's call (with gradients)
+        given the extras of the chunk decided on ``obs``, or where the model needs none; else
+        (an observation alone, after a chunk) through the rollout call, without gradients."""
         b = obs.shape[0]
+        if extras is None and self.extra_shapes:
+            if torch.is_grad_enabled():
+                raise ValueError(
+                    f"RLinf model {self.model_type!r}: a value with gradients needs the extras "
+                    f"{sorted(self.extra_shapes)} of the chunk decided on the observation"
+                )
+            _, result = self.model.predict_action_batch(env_obs=self.env_obs(obs), mode="eval")
+            return result["prev_values"].reshape(b, -1)[:, 0].float()
         zeros = torch.zeros(b, self.spec.chunk_size, self.spec.action_dim, device=obs.device)
-        out = self._forward(
-            obs, zeros, self._placeholders(b, obs.device), scores=False, values=True
-        )
+        out = self._forward(obs, zeros, extras, scores=False, values=True)
         return out["values"].reshape(b, -1)[:, 0].float()
 
     def evaluate(
@@ -275,3 +302,8 @@ class RLinfPolicy(Policy):
             entropy=_flat_sum(out["entropy"], b),
             value=out["values"].reshape(b, -1)[:, 0].float(),
         )
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Equal shapes and values (dtypes may differ)."""
+    return a.shape == b.shape and torch.equal(a, b.to(a.dtype))

@@ -178,6 +178,6 @@ class TransformerPolicy(Policy):
             actions = torch.cat([actions, a_j.unsqueeze(1)], dim=1)
         return self._normal(torch.stack(means, dim=1))
 
-    def value(self, obs: torch.Tensor) -> torch.Tensor:  # [B]
-        """Critic value of ``obs [B, O]``."""
+    def value(self, obs: torch.Tensor, extras: Extras | None = None) -> torch.Tensor:  # [B]
+        """Critic value of ``obs [B, O]`` (``extras``: none needed)."""
         return self.critic(obs).squeeze(-1)

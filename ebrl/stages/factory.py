@@ -120,9 +120,11 @@ class StageFactory:
             obs_dim=self.env_spec.obs_dim,
             action_dim=self.env_spec.action_dim,
             chunk_size=int(self.cfg["chunk_size"]),
+            layout=self.env_spec.obs_layout(),
         )
         torch.manual_seed(int(self.cfg["seed"]))
-        return instantiate(self.node.policy, spec=spec)
+        # the spec passed as it is: Hydra would turn a dataclass argument into a config node
+        return instantiate(self.node.policy, _partial_=True)(spec=spec)
 
     def gen(self, device: str = "cpu", incarnation: int = 0) -> GenStage:
         """The generator stage; ``device``: where it acts (``cuda`` for a GPU share);
