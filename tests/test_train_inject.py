@@ -28,9 +28,9 @@ def _count_evaluate(monkeypatch) -> list[int]:
     calls = [0]
     orig = MLPPolicy.evaluate
 
-    def counted(self, obs, actions):
+    def counted(self, obs, actions, extras=None):
         calls[0] += 1
-        return orig(self, obs, actions)
+        return orig(self, obs, actions, extras)
 
     monkeypatch.setattr(MLPPolicy, "evaluate", counted)
     return calls
