@@ -153,6 +153,8 @@ class FakeRLinfMLP(torch.nn.Module):
         self.net = torch.nn.Linear(int(cfg.obs_dim), self.k * self.a)
         self.logstd = torch.nn.Parameter(torch.full((1, self.k * self.a), -0.5))
         self.value_head = torch.nn.Linear(int(cfg.obs_dim), 1)
+        if cfg.precision == "bf16":  # RLinf's builders take the dtype from the precision
+            self.to(torch.bfloat16)
 
     def _dist(self, states):
         mean = self.net(states)
@@ -160,7 +162,7 @@ class FakeRLinfMLP(torch.nn.Module):
 
     @torch.inference_mode()
     def predict_action_batch(self, env_obs, mode="train", **kwargs):
-        states = env_obs["states"]
+        states = env_obs["states"].to(self.net.weight.dtype)
         d = self._dist(states)
         action = d.mean if mode == "eval" else d.sample()
         inputs = {"action": action, "model_action": action, "states": states}
@@ -180,6 +182,7 @@ class FakeRLinfMLP(torch.nn.Module):
         **kwargs,
     ):
         states, action = forward_inputs["states"], forward_inputs["action"]
+        states = states.to(self.net.weight.dtype)
         d = self._dist(states)
         return {
             "logprobs": d.log_prob(action),
@@ -293,14 +296,15 @@ class FakeVLAModel(FakeFlowModel):
         chunk, result = super().predict_action_batch({"states": states}, mode)
         tokens = prompt_tokens(prompts)
         result["prev_values"] = self.vla_value(self._features(states, images, tokens))
-        result["forward_inputs"].update(main_images=images, tokenized_prompt=tokens)
+        # openpi's names: the camera under "observation/image"
+        result["forward_inputs"].update({"observation/image": images, "tokenized_prompt": tokens})
         return chunk, result
 
     def default_forward(self, forward_inputs, compute_values=True, **kwargs):
         out = super().default_forward(forward_inputs)
         f = forward_inputs
         out["values"] = self.vla_value(
-            self._features(f["states"], f["main_images"], f["tokenized_prompt"])
+            self._features(f["states"], f["observation/image"], f["tokenized_prompt"])
         )
         return out
 

@@ -46,6 +46,15 @@ def test_act_and_evaluate_agree_on_the_chunks_log_prob_and_value():
     torch.testing.assert_close(a.actions, b.actions)
 
 
+def test_a_model_built_in_another_precision_keeps_it():
+    p = RLinfPolicy(SPEC, model_type="fake_mlp", registry=FAKE, model_cfg={"precision": "bf16"})
+    assert p.model.net.weight.dtype == torch.bfloat16
+    chunk = p.act(obs())
+    assert chunk.actions.dtype == chunk.logprob.dtype == torch.float32
+    fp32 = RLinfPolicy(SPEC, model_type="fake_mlp", registry=FAKE)  # ebrl's default
+    assert fp32.model.net.weight.dtype == torch.float32
+
+
 def test_weights_round_trip_into_a_fresh_model():
     src = RLinfPolicy(SPEC, model_type="fake_mlp", registry=FAKE)
     with torch.no_grad():
@@ -68,7 +77,7 @@ def test_a_flow_models_chunk_is_scored_with_the_chain_that_sampled_it():
         "denoise_inds": ((3,), torch.int64),
     }
     # the rest of its forward_inputs come from the observation and the chunk
-    assert p.from_obs == ("states",) and p.from_chunk == ("action", "model_action")
+    assert p.from_obs == {"states": "states"} and p.from_chunk == ("action", "model_action")
     batch = obs()
     chunk = p.act(batch)
     assert set(chunk.extras) == {"chains", "denoise_inds"}
@@ -103,7 +112,9 @@ def test_a_vla_is_shown_the_simulators_state_images_and_instructions_by_its_layo
     spec = PolicySpec(obs_dim=envs[0].spec.obs_dim, action_dim=2, chunk_size=2, layout=layout)
     p = RLinfPolicy(spec, model_type="fake_vla", registry=FAKE)
     assert p.model.velocity.in_features == 5 + 4 + 1  # the state's size, not the vector's
-    assert p.from_obs == ("states", "main_images") and p.from_chunk == ("action", "model_action")
+    # the camera is rebuilt from the observation under the model's name for it, not carried
+    assert p.from_obs == {"states": "states", "observation/image": "main_images"}
+    assert p.from_chunk == ("action", "model_action")
     assert set(p.extra_shapes) == {"chains", "denoise_inds", "tokenized_prompt"}
     batch = Observation(
         obs=torch.from_numpy(np.stack([env.reset(0) for env in envs])), env_ids=torch.arange(3)

@@ -20,8 +20,9 @@ RLinf (the system EBRL extends) builds every embodied policy through one registr
 - **Rollout.** ``act`` is ``predict_action_batch``: the chunk, its log-prob summed over the
   chunk's dimensions (as ebrl's decoupled PPO and GRPO use it) and the value head's estimate.
 - **Learner.** ``evaluate(obs, actions, extras)`` / ``dist`` rebuild ``forward_inputs``: what
-  equals a field of the observation comes from it, what equals the chunk from the chunk, and the
-  rest (openpi's denoising ``chains`` and ``denoise_inds``, its tokenised prompt, ...) are the
+  equals a field of the observation (under its name or another: openpi's ``observation/image``
+  is ``main_images``) comes from it, what equals the chunk from the chunk, and the rest
+  (openpi's denoising ``chains`` and ``denoise_inds``, its tokenised prompt, ...) are the
   chunk's ``extras``, which ``act`` returns and ebrl's stages carry to the learner row for row
   (:mod:`ebrl.types`). One rollout call on a random observation, at build, sorts the inputs
   into these three and records each extra's shape.
@@ -45,6 +46,8 @@ from ebrl.envs.layout import STATES, TASK
 from ebrl.policies.base import Evaluation, Policy, PolicySpec
 from ebrl.types import ActionChunk, Extras, Observation
 
+#: RLinf's names of full precision (``actor.model.precision``)
+FP32 = ("fp32", "32", "32-true")
 #: RLinf's camera keys (its envs give each, ``None`` where they have no such camera)
 CAMERA_KEYS = ("main_images", "wrist_images", "extra_view_images")
 #: RLinf's env-obs key of the rows' instructions
@@ -158,9 +161,12 @@ class RLinfPolicy(Policy):
         if model is None:
             raise RuntimeError(f"RLinf's model registry has no model type {model_type!r}")
         self.model_type = model_type
-        self.model = model.float()
-        #: forward_inputs rebuilt from the observation (RLinf's env-obs keys) and from the chunk
-        self.from_obs: tuple[str, ...] = ()
+        # fp32 (ebrl's default) in full; another precision as RLinf's builder left the model
+        # (openpi keeps selected parameters in bf16 under precision null)
+        self.model = model.float() if str(cfg.precision) in FP32 else model
+        #: forward_inputs rebuilt from the observation: input name -> RLinf's env-obs key
+        self.from_obs: dict[str, str] = {}
+        #: forward_inputs rebuilt from the chunk (flattened)
         self.from_chunk: tuple[str, ...] = ()
         #: the extras a chunk carries to the learner: name -> (shape after B, dtype)
         self.extra_shapes: dict[str, tuple[tuple[int, ...], torch.dtype]] = {}
@@ -196,7 +202,8 @@ class RLinfPolicy(Policy):
                 "chunk_size to the model's num_action_chunks"
             )
         flat = chunk.reshape(b, -1)
-        from_obs, from_chunk = [], []
+        fields = {k: v for k, v in env_obs.items() if torch.is_tensor(v)}
+        from_chunk = []
         for name, t in dict(result.get("forward_inputs", {})).items():
             if not torch.is_tensor(t) or t.shape[:1] != (b,):
                 raise RuntimeError(
@@ -205,14 +212,15 @@ class RLinfPolicy(Policy):
                     f"{tuple(t.shape) if torch.is_tensor(t) else ''}); ebrl carries per-decision "
                     "tensors from the generator to the learner only"
                 )
-            seen = env_obs.get(name)
-            if torch.is_tensor(seen) and _same(t, seen):
-                from_obs.append(name)
+            # under its own name or another (openpi's "observation/image" is main_images)
+            same = [key for key, v in fields.items() if _same(t, v)]
+            if same:
+                self.from_obs[name] = name if name in same else same[0]
             elif _same(t.reshape(b, -1), flat):
                 from_chunk.append(name)
             else:
                 self.extra_shapes[name] = (tuple(t.shape[1:]), t.dtype)
-        self.from_obs, self.from_chunk = tuple(from_obs), tuple(from_chunk)
+        self.from_chunk = tuple(from_chunk)
 
     @torch.no_grad()
     def act(
@@ -253,7 +261,7 @@ class RLinfPolicy(Policy):
         env_obs = self.env_obs(obs) if self.from_obs else {}
         flat = actions.reshape(obs.shape[0], -1)
         inputs = {
-            **{name: env_obs[name] for name in self.from_obs},
+            **{name: env_obs[key] for name, key in self.from_obs.items()},
             **{name: flat for name in self.from_chunk},
             **extras,
         }
