@@ -15,7 +15,14 @@
 # PLAN_PROFILE=0 skips them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PY=${PY:-.venv/bin/python}
+# the project's venv (make setup); else the python3 on PATH (a machine whose image has a CUDA
+# torch, with ebrl installed there: pip install --no-deps -e .)
+if [ -z "${PY:-}" ]; then
+  if [ -x .venv/bin/python ]; then PY=.venv/bin/python; else PY=python3; fi
+fi
+# the embedded simulator (PushCube) where ManiSkill is installed, else the synthetic one
+SIM=${SIM:-$("$PY" -c 'import importlib.util as u; print("pushcube" if u.find_spec("mani_skill") else "synthetic")')}
+echo "python: $PY; simulator for the profile: $SIM"
 
 if command -v nvidia-smi >/dev/null; then
   nvidia-smi -L
@@ -25,19 +32,22 @@ fi
 "$PY" -c 'import torch; print("torch", torch.__version__, "CUDA build:", torch.version.cuda)'
 # -m gpu replaces the default "not slow and not gpu" selection; -s shows the measured numbers
 status=0
-"$PY" -m pytest -q -s -rs -m gpu -p no:cacheprovider tests/gpu "$@" || status=$?
+timeout "${TESTS_TIMEOUT:-330}" "$PY" -m pytest -q -s -rs -m gpu -p no:cacheprovider --durations=0 \
+  tests/gpu "$@" || status=$?
 
 if [ "${PLAN_PROFILE:-1}" = "1" ] && command -v nvidia-smi >/dev/null; then
-  OUT=${PLAN_OUT:-outputs/plan/gpu-$(date -u +%Y%m%d-%H%M%S)}
-  mkdir -p "$OUT"
+  DIR=${PLAN_OUT:-outputs/plan/gpu-$(date -u +%Y%m%d-%H%M%S)}
+  mkdir -p "$DIR"
   # ~1-2 min: one process per share (CUDA reads its MPS quota at start), 5 timed calls each
-  timeout 240 "$PY" -m ebrl.plan.measure --device cuda --levels 0.25,0.5,1 \
-    --batches 1,4,16,64 --out "$OUT/profile.json" +experiment=embedded || status=$?
-  if [ -f "$OUT/profile.json" ]; then
+  timeout 200 "$PY" -m ebrl.plan.measure --device cuda --levels 0.25,0.5,1 \
+    --batches 1,4,16,64 --out "$DIR/profile.json" +experiment=embedded "simulator=$SIM" || status=$?
+  if [ -f "$DIR/profile.json" ]; then
     # the embedded workload's episodes (PushCube: 50 steps) at the scale points' env counts
-    timeout 120 "$PY" -m ebrl.plan --profile "$OUT/profile.json" --machine scale/g1 \
-      --set decisions_per_env=12 episode_steps=50 --json "$OUT/plan-g1.json" || status=$?
-    echo "profile and plan in $OUT"
+    for g in g1 g4 g16; do
+      timeout 60 "$PY" -m ebrl.plan --profile "$DIR/profile.json" --machine "scale/$g" \
+        --set decisions_per_env=12 episode_steps=50 --json "$DIR/plan-$g.json" || status=$?
+    done
+    echo "profile and plans in $DIR"
   fi
 fi
 exit "$status"

@@ -213,7 +213,7 @@ class FakeFlowModel(FakeRLinfMLP):
     def _step_means(self, states, chains, inds):  # -> [B, S, D]
         x = chains[:, :-1]  # [B, S, D]
         s = states[:, None].expand(-1, x.shape[1], -1)  # [B, S, O]
-        i = inds[..., None].float() / self.steps  # [B, S, 1]
+        i = inds[..., None].to(x.dtype) / self.steps  # [B, S, 1]
         return x + self.velocity(torch.cat([s, x, i], dim=-1)) / self.steps
 
     def _chain_scores(self, states, chains, inds):
@@ -222,13 +222,14 @@ class FakeFlowModel(FakeRLinfMLP):
 
     @torch.inference_mode()
     def predict_action_batch(self, env_obs, mode="train", **kwargs):
-        states = env_obs["states"]
-        b = states.shape[0]
-        inds = torch.arange(self.steps).expand(b, -1)  # [B, S]
-        x = torch.zeros(b, self.k * self.a) if mode == "eval" else torch.randn(b, self.k * self.a)
+        states = env_obs["states"].to(self.net.weight.dtype)
+        b, like = states.shape[0], {"device": states.device, "dtype": states.dtype}
+        inds = torch.arange(self.steps, device=states.device).expand(b, -1)  # [B, S]
+        draw = torch.zeros if mode == "eval" else torch.randn
+        x = draw(b, self.k * self.a, **like)
         chain = [x]
         for i in range(self.steps):
-            step_in = torch.cat([states, x, torch.full((b, 1), i / self.steps)], dim=-1)
+            step_in = torch.cat([states, x, torch.full((b, 1), i / self.steps, **like)], dim=-1)
             x = x + self.velocity(step_in) / self.steps
             if mode != "eval":
                 x = x + self.sigma * torch.randn_like(x)
@@ -249,7 +250,7 @@ class FakeFlowModel(FakeRLinfMLP):
         return x.reshape(-1, self.k, self.a), result
 
     def default_forward(self, forward_inputs, compute_values=True, **kwargs):
-        states = forward_inputs["states"]
+        states = forward_inputs["states"].to(self.net.weight.dtype)
         logprob, entropy = self._chain_scores(
             states, forward_inputs["chains"], forward_inputs["denoise_inds"]
         )
@@ -294,7 +295,7 @@ class FakeVLAModel(FakeFlowModel):
             zip(states[:, 0].tolist(), states[:, 2].tolist(), images[:, 0, 0, 0].tolist(), prompts)
         )
         chunk, result = super().predict_action_batch({"states": states}, mode)
-        tokens = prompt_tokens(prompts)
+        tokens = prompt_tokens(prompts).to(states.device)
         result["prev_values"] = self.vla_value(self._features(states, images, tokens))
         # openpi's names: the camera under "observation/image"
         result["forward_inputs"].update({"observation/image": images, "tokenized_prompt": tokens})

@@ -26,7 +26,15 @@ from ebrl.algos.loss import decoupled_ppo_loss, loss_normalisers
 from ebrl.algos.ppo import PPO, PPOConfig
 from ebrl.envs import CountingEnv, EnvGroup
 from ebrl.policies import MLPPolicy, PolicySpec
-from ebrl.runtime.dist import SOLO, DataParallel, destroy, free_port, init_group, resolve_backend
+from ebrl.runtime.dist import (
+    SOLO,
+    DataParallel,
+    destroy,
+    exchange,
+    free_port,
+    init_group,
+    resolve_backend,
+)
 from ebrl.stages.train import TrainStage, load_checkpoint
 from ebrl.types import Observation, Segment, Transition
 
@@ -380,6 +388,49 @@ def test_nccl_without_cuda_is_refused():
     assert resolve_backend("auto", "cpu") == "gloo"
     with pytest.raises(ValueError):
         resolve_backend("mpi")
+
+
+def test_ranks_sharing_a_gpu_reduce_through_gloo_since_nccl_refuses_them():
+    """NCCL refuses two ranks on one GPU ("Duplicate GPU detected"), MPS quotas or not: learner
+    ranks given shares of one GPU fall back to gloo under "auto"; "nccl" asked for by name is
+    refused with the fix."""
+    assert resolve_backend("auto", "cuda", shares_gpu=True) == "gloo"
+    with pytest.raises(RuntimeError, match="another rank computes on this rank's GPU"):
+        resolve_backend("nccl", "cuda", shares_gpu=True)
+
+
+def test_ranks_exchange_values_through_the_rendezvous_store():
+    import datetime
+    import threading
+
+    import torch.distributed as tdist
+
+    port = free_port()
+    stores = [None, None]
+
+    def open_store(rank: int) -> None:
+        stores[rank] = tdist.TCPStore(
+            "127.0.0.1", port, 2, is_master=rank == 0, timeout=datetime.timedelta(seconds=30)
+        )
+
+    threads = [threading.Thread(target=open_store, args=(r,)) for r in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    seen: dict[int, list[str]] = {}
+    threads = [
+        threading.Thread(
+            target=lambda r: seen.__setitem__(r, exchange(stores[r], r, 2, "gpu", f"host/{r}")),
+            args=(r,),
+        )
+        for r in (1, 0)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert seen == {0: ["host/0", "host/1"], 1: ["host/0", "host/1"]}
 
 
 def test_train_stage_refuses_dp_for_an_algorithm_without_it():

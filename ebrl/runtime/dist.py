@@ -423,17 +423,30 @@ def held_bytes(module: nn.Module, optimizer: torch.optim.Optimizer | None = None
     return {"params": params, "optimizer": opt}
 
 
-def resolve_backend(backend: str, device: torch.device | str | None = None) -> str:
+def resolve_backend(
+    backend: str, device: torch.device | str | None = None, shares_gpu: bool = False
+) -> str:
     """The torch.distributed backend for learner ranks on ``device``.
 
-    ``"auto"`` picks NCCL for a CUDA device and gloo otherwise. NCCL is refused (RuntimeError
-    naming the fix) where this process has no CUDA or the learner's tensors live on the CPU.
+    ``"auto"`` picks NCCL for a CUDA device of this rank's own and gloo otherwise: on the CPU,
+    and where another rank computes on the same GPU (``shares_gpu``: ranks given shares of one
+    GPU, MPS quotas or not), which NCCL refuses ("Duplicate GPU detected"; gloo reduces CUDA
+    tensors through the host). NCCL is refused (RuntimeError naming the fix) where this process
+    has no CUDA, the learner's tensors live on the CPU, or the GPU is shared.
     """
     dev = torch.device(device) if device is not None else None
     if backend == "auto":
-        backend = "nccl" if dev is not None and dev.type == "cuda" else "gloo"
+        own_gpu = dev is not None and dev.type == "cuda" and not shares_gpu
+        backend = "nccl" if own_gpu else "gloo"
     if backend not in BACKENDS:
         raise ValueError(f"data-parallel backend {backend!r}: expected 'auto', 'gloo' or 'nccl'")
+    if backend == "nccl" and shares_gpu:
+        raise RuntimeError(
+            "data-parallel backend 'nccl' needs a GPU per learner rank, and another rank "
+            "computes on this rank's GPU (NCCL refuses two ranks on one GPU, under MPS too); "
+            "use backend 'auto' (gloo where ranks share a GPU), or give each rank a whole GPU "
+            "(scale.learner_gpus=1)"
+        )
     if backend == "nccl":
         if not torch.cuda.is_available() or not tdist.is_nccl_available():
             raise RuntimeError(
@@ -479,15 +492,26 @@ def init_group(
     """
     if strategy not in STRATEGIES:  # refused before any rank waits at the rendezvous
         raise ValueError(f"init_group: strategy {strategy!r}: expected one of {STRATEGIES}")
-    backend = resolve_backend(backend, device)
+    resolve_backend(backend, device)  # a bad choice is refused before any rank waits
     if tdist.is_initialized():
         raise RuntimeError(
             "init_group: torch.distributed is already initialised in this process; "
             "call ebrl.runtime.dist.destroy() first"
         )
     host, port = address
-    if ":" in host and not host.startswith("["):
-        host = f"[{host}]"  # IPv6 literal
+    store = tdist.TCPStore(
+        host.strip("[]"),
+        int(port),
+        world,
+        is_master=rank == 0,
+        timeout=datetime.timedelta(seconds=timeout_s),
+    )
+    dev = torch.device(device) if device is not None else None
+    shares_gpu = False
+    if backend != "gloo" and dev is not None and dev.type == "cuda" and world > 1:
+        gpus = exchange(store, rank, world, "gpu", gpu_identity(dev))
+        shares_gpu = gpus.count(gpus[rank]) > 1
+    backend = resolve_backend(backend, device, shares_gpu)
     comm_device = torch.device("cpu")
     if backend == "nccl":
         comm_device = torch.device(device) if device is not None else torch.device("cuda")
@@ -496,12 +520,27 @@ def init_group(
         torch.cuda.set_device(comm_device)
     tdist.init_process_group(
         backend=backend,
-        init_method=f"tcp://{host}:{int(port)}",
+        store=store,
         rank=rank,
         world_size=world,
         timeout=datetime.timedelta(seconds=timeout_s),
     )
     return DataParallel(rank, world, device=comm_device, strategy=strategy)
+
+
+def gpu_identity(device: torch.device) -> str:
+    """This host and the physical GPU behind ``device`` (its UUID: under Ray every actor's GPU
+    is its ``cuda:0``)."""
+    props = torch.cuda.get_device_properties(device)
+    gpu = getattr(props, "uuid", None) or getattr(props, "pci_bus_id", None) or device.index
+    return f"{socket.gethostname()}/{gpu}"
+
+
+def exchange(store: Any, rank: int, world: int, key: str, value: str) -> list[str]:
+    """Every rank's ``value`` of ``key``, by rank, through the rendezvous store (each rank
+    waits until all have written theirs)."""
+    store.set(f"ebrl/{key}/{rank}", value)
+    return [bytes(store.get(f"ebrl/{key}/{r}")).decode() for r in range(world)]
 
 
 def free_port(host: str = "127.0.0.1") -> int:
