@@ -153,8 +153,6 @@ class FakeRLinfMLP(torch.nn.Module):
         self.net = torch.nn.Linear(int(cfg.obs_dim), self.k * self.a)
         self.logstd = torch.nn.Parameter(torch.full((1, self.k * self.a), -0.5))
         self.value_head = torch.nn.Linear(int(cfg.obs_dim), 1)
-        if cfg.precision == "bf16":  # RLinf's builders take the dtype from the precision
-            self.to(torch.bfloat16)
 
     def _dist(self, states):
         mean = self.net(states)
@@ -331,10 +329,13 @@ class OneActionModel(FakeRLinfMLP):
 
 
 def get_model(cfg):
-    return {
+    model = {
         "fake_mlp": FakeRLinfMLP,
         "fake_flow": FakeFlowModel,
         "fake_vla": FakeVLAModel,
         "list_inputs": ListInputsModel,
         "one_action": OneActionModel,
     }.get(str(cfg.model_type), lambda _cfg: None)(cfg)
+    if model is not None and cfg.precision == "bf16":  # RLinf's builders take the dtype from it
+        model.to(torch.bfloat16)
+    return model

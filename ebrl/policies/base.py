@@ -97,7 +97,10 @@ class Policy(nn.Module):
         """
         if noise is None:
             noise = torch.randn(
-                batch.obs.shape[0], self.spec.chunk_size, self.spec.action_dim
+                batch.obs.shape[0],
+                self.spec.chunk_size,
+                self.spec.action_dim,
+                device=batch.obs.device,
             )  # [B, K, A]
         if deterministic:
             noise = torch.zeros_like(noise)

@@ -14,6 +14,7 @@ A run on a GPU machine is recorded in scripts/gpu_check.sh's header.
 from __future__ import annotations
 
 import csv
+import os
 import time
 
 import numpy as np
@@ -25,7 +26,7 @@ from ebrl.policies.base import PolicySpec
 from ebrl.policies.rlinf_policy import RLinfPolicy
 from ebrl.types import Observation
 from tests.conftest import make_cfg
-from tests.gpu.test_gpu_mps import requires_gpu
+from tests.gpu.test_gpu_mps import REPO, requires_gpu, requires_mps
 from tests.test_rlinf_policy import FAKE, fake_run
 
 pytestmark = pytest.mark.gpu
@@ -59,8 +60,8 @@ def test_the_adapter_acts_scores_and_learns_on_the_gpu(model_type, precision):
     torch.testing.assert_close(ev.logprob, chunk.logprob, **tol)
     torch.testing.assert_close(ev.value, chunk.value, **tol)
     (-(ev.logprob.mean()) + ev.value.pow(2).mean()).backward()
-    grads = [q.grad for q in p.parameters() if q.requires_grad]
-    assert grads and all(g is not None and g.device.type == "cuda" for g in grads)
+    grads = [q.grad for q in p.parameters() if q.grad is not None]  # of the parts it uses
+    assert grads and all(g.device.type == "cuda" for g in grads)
 
     params = sum(q.numel() for q in p.parameters())
     rates = []
@@ -78,13 +79,22 @@ def test_the_adapter_acts_scores_and_learns_on_the_gpu(model_type, precision):
 
 
 @requires_gpu
-def test_ebrl_trains_the_vla_fake_with_generator_and_learner_on_the_gpu(tmp_path):
+@requires_mps
+def test_ebrl_trains_the_vla_fake_with_generator_and_learner_on_the_gpu(tmp_path, monkeypatch):
+    from ebrl.resources.apply import MPSDaemon
     from ebrl.train import train
 
     vla = ["simulator.tasks=2", "simulator.camera_size=4", "scheduler.staleness=0"]
-    gpus = ["scale.gen_gpus=0.5", "scale.learner_gpus=0.5"]
+    # shares of a GPU are placed by Ray (one process per stage, each under its MPS quota)
+    gpus = ["scheduler.backend=ray", "scale.gen_gpus=0.5", "scale.learner_gpus=0.5"]
     cfg = make_cfg([*fake_run("ebrl", "fake_vla"), *vla, *gpus], tmp_path)
-    s = train(cfg)
+    # the Ray workers import the fake registry (tests.rlinf_fakes) from this checkout
+    path = os.environ.get("PYTHONPATH")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(REPO), path])))
+    with MPSDaemon() as mps:
+        for k, v in mps.env().items():
+            monkeypatch.setenv(k, v)
+        s = train(cfg)
     assert s.status == "FINISHED" and s.iterations == 3
     for r in csv.DictReader((tmp_path / "run" / "metrics.csv").open()):
         assert float(r["train/behave_weight_mean"]) == pytest.approx(1.0, abs=1e-4)
