@@ -703,6 +703,17 @@ def check_machine(run: RunConfig, machine: MachineFacts) -> None:
             f"gpu={gpu.name}: {machine.where} has {machine.gpus[0] if machine.gpus else 'a GPU'} "
             "but torch cannot use it (a CPU build of torch?): install a CUDA build of torch",
         )
+        # sync and Colocated put the policy on the GPU themselves (StageFactory.local_device);
+        # the schedulers on EBRL's workers place it by their roles' GPU shares
+        shares = [getattr(run.scheduler, f"{role}_gpus", None) for role in ("gen", "learner")]
+        if all(share == 0 for share in shares):
+            log.warning(
+                "gpu=%s, but the scheduler's generator and learner ask for no GPU share "
+                "(scale.gen_gpus = scale.learner_gpus = 0): the policy computes on the CPU "
+                "cores. Set them (scale.gen_gpus=0.5 scale.learner_gpus=0.5: each half the "
+                "SMs), or pick a scale point (+axis/scale=g1)",
+                gpu.name,
+            )
     for group, node in (("policy", run.policy), ("simulator", run.simulator)):
         name = _option(node, type(node).__name__)
         if getattr(node, "requires_gpu", False):

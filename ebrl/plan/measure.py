@@ -15,8 +15,9 @@ random decisions of the run's size and of a smaller one, and moving the weights 
 copy off the device to publish, a replica's load onto it). The simulator is stepped env by env
 on one core in this process (its chunk latencies are the samples the model replays).
 
-``scripts/gpu_check.sh`` runs it on a GPU machine. It has not run on a GPU yet: this project has
-had no GPU; ``tests/test_plan.py`` runs the CPU path for real and the GPU orchestration on fakes.
+``scripts/gpu_check.sh`` runs it on a GPU machine: last 2026-12-04 on one H200 (commit 76377db;
+the profile is results/gpu-check/2026-12-04/profile.json). ``tests/test_plan.py`` runs the CPU
+path for real and the GPU orchestration on fakes.
 """
 
 from __future__ import annotations

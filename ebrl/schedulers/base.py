@@ -113,10 +113,12 @@ class RunContext:
         return StepLedger(writer_path(self.ledger, writer, incarnation), first_segment)
 
     def build_local(self) -> Stages:
-        """All stages in this process, one sim stage per env group."""
+        """All stages in this process, one sim stage per env group; the policy's on the run's
+        device (:meth:`StageFactory.local_device`)."""
         sims = [self.factory.sim(ids) for ids in self.factory.env_partition(self.env_groups)]
         factory = self.factory.with_spec(sims[0].group.spec)
-        return Stages(sims=sims, gen=factory.gen(), train=factory.train())
+        device = factory.local_device()
+        return Stages(sims=sims, gen=factory.gen(device), train=factory.train(device))
 
 
 class Scheduler(Protocol):

@@ -55,6 +55,14 @@ class StageFactory:
     def with_spec(self, spec: EnvSpec) -> StageFactory:
         return replace(self, env_spec=spec)
 
+    def local_device(self) -> str:
+        """Where a scheduler that runs every stage in the driver (sync, Colocated) computes the
+        policy: the GPU where the run asks for one (``gpu`` other than ``cpu``; ``validate``
+        refuses that on a machine without), as RLinf's Colocated puts every stage on it; else
+        the CPU cores."""
+        gpu = self.cfg.get("gpu") or {}
+        return "cpu" if str(gpu.get("name", "cpu")) == "cpu" else "cuda"
+
     # -- sim ------------------------------------------------------------------------------------
     def env_partition(self, parts: int) -> list[list[int]]:
         """Global env ids split into ``parts`` contiguous blocks (one per sim worker)."""

@@ -8,7 +8,7 @@ the learner) stays on the GPU, the learner scores the chunk as the rollout did i
 bf16, gradients reach the model's parameters there, and the whole engine (EBRL's scheduler,
 generator and learner on CUDA) trains the VLA-shaped fake with every behaviour weight 1.
 
-A run on a GPU machine is recorded in scripts/gpu_check.sh's header.
+Last run on a GPU 2026-12-04 (one H200, commit 76377db): passed (results/gpu-check/2026-12-04).
 """
 
 from __future__ import annotations
