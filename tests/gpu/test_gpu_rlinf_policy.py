@@ -8,12 +8,14 @@ the learner) stays on the GPU, the learner scores the chunk as the rollout did i
 bf16, gradients reach the model's parameters there, and the whole engine (EBRL's scheduler,
 generator and learner on CUDA) trains the VLA-shaped fake with every behaviour weight 1.
 
-Last run on a GPU 2026-12-04 (one H200, commit 76377db): passed (results/gpu-check/2026-12-04).
+Last run on a GPU 2026-12-04 (one H200, commit 76377db): passed (results/gpu-check/2026-12-04);
+the engine test then started its own MPS daemon, which the run now starts itself: not run since.
 """
 
 from __future__ import annotations
 
 import csv
+import logging
 import os
 import time
 
@@ -80,21 +82,25 @@ def test_the_adapter_acts_scores_and_learns_on_the_gpu(model_type, precision):
 
 @requires_gpu
 @requires_mps
-def test_ebrl_trains_the_vla_fake_with_generator_and_learner_on_the_gpu(tmp_path, monkeypatch):
-    from ebrl.resources.apply import MPSDaemon
+def test_ebrl_trains_the_vla_fake_with_generator_and_learner_on_the_gpu(
+    tmp_path, monkeypatch, caplog
+):
+    """Shares of a GPU are placed by Ray (one process per stage), each under its MPS quota of
+    the MPS daemon the run starts for itself (EBRLScheduler.start_mps) and stops at its end."""
     from ebrl.train import train
 
     vla = ["simulator.tasks=2", "simulator.camera_size=4", "scheduler.staleness=0"]
-    # shares of a GPU are placed by Ray (one process per stage, each under its MPS quota)
     gpus = ["scheduler.backend=ray", "scale.gen_gpus=0.5", "scale.learner_gpus=0.5"]
     cfg = make_cfg([*fake_run("ebrl", "fake_vla"), *vla, *gpus], tmp_path)
     # the Ray workers import the fake registry (tests.rlinf_fakes) from this checkout
     path = os.environ.get("PYTHONPATH")
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(REPO), path])))
-    with MPSDaemon() as mps:
-        for k, v in mps.env().items():
-            monkeypatch.setenv(k, v)
+    monkeypatch.delenv("CUDA_MPS_PIPE_DIRECTORY", raising=False)
+    with caplog.at_level(logging.INFO, logger="ebrl.resources.apply"):
         s = train(cfg)
+    said = [r.getMessage() for r in caplog.records]
+    assert any("MPS control daemon" in m and "started" in m for m in said), said
+    assert any("MPS control daemon" in m and "stopped" in m for m in said), said
     assert s.status == "FINISHED" and s.iterations == 3
     for r in csv.DictReader((tmp_path / "run" / "metrics.csv").open()):
         assert float(r["train/behave_weight_mean"]) == pytest.approx(1.0, abs=1e-4)

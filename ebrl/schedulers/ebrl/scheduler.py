@@ -32,6 +32,7 @@ import dataclasses
 import logging
 import math
 import os
+import shutil
 import threading
 import time
 from collections.abc import Iterator
@@ -41,7 +42,14 @@ from typing import Any
 
 import numpy as np
 
-from ebrl.resources.apply import affinity_guard, threads_guard
+from ebrl.resources.apply import (
+    MPS_CONTROL,
+    MPSDaemon,
+    MPSError,
+    affinity_guard,
+    find_control_daemons,
+    threads_guard,
+)
 from ebrl.resources.manager import trial_plan
 from ebrl.resources.model import Shape, Workload
 from ebrl.resources.model import split_groups as env_groups
@@ -193,6 +201,7 @@ class EBRLScheduler:
 
     def __post_init__(self) -> None:
         self.shape_choice: ShapeChoice | None = None  # the last run's, when it was searched
+        self.mps: MPSDaemon | None = None  # the run's own MPS daemon (start_mps), while it runs
         self._unlogged_shape: ShapeChoice | None = None
         if self.rebind and self.step_level is False:
             raise ValueError("scheduler.rebind needs scheduler.step_level=true (level 3)")
@@ -456,6 +465,9 @@ class EBRLScheduler:
             if to_stages is not None:
                 to_stages.close()
             self._shutdown(inbox, handles, backend, slots, book, authkey, ctx.timeline)
+            if self.mps is not None:  # after its clients: the roles' processes are gone
+                self.mps.stop()
+                self.mps = None
 
     def placement(self, roles: Roles, backend: Any, run_dir: Path | None = None) -> dict[str, dict]:
         """Where each worker runs (Ray actor options by worker name; none in-process): env
@@ -484,8 +496,55 @@ class EBRLScheduler:
         if run_dir is not None:
             run_dir.mkdir(parents=True, exist_ok=True)
             (run_dir / "placement.txt").write_text(table + "\n")
+        self.mps = self.start_mps(len({p.node.node_id for p in self.placed}))
+        pipe = self.mps.pipe_dir if self.mps is not None else None
         names = {"sim": sim_name, "gen": gen_name, "learner": learner_name}
-        return {names[p.ask.role](p.ask.index): ray_options(p) for p in self.placed}
+        return {names[p.ask.role](p.ask.index): ray_options(p, mps_pipe=pipe) for p in self.placed}
+
+    def start_mps(
+        self,
+        nodes: int,
+        which: Any = shutil.which,
+        daemons: Any = find_control_daemons,
+        make: Any = MPSDaemon,
+    ) -> MPSDaemon | None:
+        """A private MPS control daemon for this run, where its roles take shares of a GPU.
+
+        A share below one GPU becomes an SM quota (``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE``) only
+        under an MPS daemon; without one the roles' processes time-slice the GPU, one kernel
+        stream at a time, and the planner's shares mean nothing. Started where the run's Ray
+        is its own (one node, no ``ray_address``), no daemon already serves this user (a site's
+        or the user's own: the roles join that one by its ``CUDA_MPS_PIPE_DIRECTORY``) and the
+        control binary is installed; stopped when the run ends. Elsewhere, a warning says the
+        shares will time-slice and what to do. ``which``, ``daemons`` and ``make`` are for tests.
+        """
+        shares = [s for s in (self.gen_gpus, self.learner_gpus) if 0 < s < 1]
+        if not shares or self.ray_address is not None:
+            return None
+        if os.environ.get("CUDA_MPS_PIPE_DIRECTORY") or daemons():
+            log.info("GPU shares: the roles join the MPS daemon already running")
+            return None
+        why = ""
+        if nodes > 1:
+            why = f"the roles span {nodes} nodes: start an MPS daemon on each"
+        elif which(MPS_CONTROL) is None:
+            why = f"no {MPS_CONTROL} here: install the NVIDIA driver's MPS tools"
+        else:
+            daemon = make()
+            try:
+                daemon.start()
+                return daemon
+            except MPSError as e:
+                why = f"the MPS daemon did not start ({e})"
+        log.warning(
+            "GPU shares below one GPU (scheduler.gen_gpus=%s, learner_gpus=%s) become SM quotas "
+            "only under an MPS daemon, and %s; until then the roles time-slice the GPU (or give "
+            "each role whole GPUs)",
+            self.gen_gpus,
+            self.learner_gpus,
+            why,
+        )
+        return None
 
     def _device(self, role: str) -> str:
         """Where a role's stage computes: a GPU when it asks for a share of one."""
