@@ -338,6 +338,22 @@ TINY = [
 ]
 
 
+def train_in_a_process(overrides: list[str], tmp_path: Path) -> dict:
+    """``python -m ebrl.train <overrides>`` in a process of its own; its summary.json."""
+    cmd = [
+        sys.executable,
+        "-m",
+        "ebrl.train",
+        *overrides,
+        f"run_dir={tmp_path / 'run'}",
+        f"tracking.store={tmp_path / 'mlflow'}",
+        f"hydra.run.dir={tmp_path / 'hydra'}",  # not a folder in the repository's outputs/
+    ]
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads((tmp_path / "run" / "summary.json").read_text())
+
+
 @needs_libero
 @pytest.mark.slow
 @pytest.mark.parametrize(
@@ -356,19 +372,7 @@ TINY = [
     ids=["sync", "ebrl-inprocess"],
 )
 def test_training_on_libero_end_to_end(scheduler, tmp_path):
-    cmd = [
-        sys.executable,
-        "-m",
-        "ebrl.train",
-        *TINY,
-        *scheduler,
-        f"run_dir={tmp_path / 'run'}",
-        f"tracking.store={tmp_path / 'mlflow'}",
-        f"hydra.run.dir={tmp_path / 'hydra'}",  # not a folder in the repository's outputs/
-    ]
-    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    summary = train_in_a_process([*TINY, *scheduler], tmp_path)
     assert summary["status"] == "FINISHED" and summary["iterations"] == 3
     assert summary["simulator"].startswith("libero")
     # 3 updates x 2 envs x 2 decisions of up to 5 steps; the 12-step episodes end 2 steps into
@@ -395,18 +399,7 @@ def test_a_vla_trains_on_libero_cameras_and_instruction(tmp_path):
         "policy.package=''",
         "scheduler=sync",
     ]
-    cmd = [
-        sys.executable,
-        "-m",
-        "ebrl.train",
-        *vla,
-        f"run_dir={tmp_path / 'run'}",
-        f"tracking.store={tmp_path / 'mlflow'}",
-        f"hydra.run.dir={tmp_path / 'hydra'}",
-    ]
-    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    summary = train_in_a_process(vla, tmp_path)
     assert summary["status"] == "FINISHED" and summary["iterations"] == 3
     for r in csv.DictReader((tmp_path / "run" / "metrics.csv").open()):
         assert float(r["train/behave_weight_mean"]) == pytest.approx(1.0, abs=1e-4)
