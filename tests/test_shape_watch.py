@@ -77,6 +77,23 @@ def test_noise_within_the_threshold_never_moves_the_run() -> None:
     assert watch.moves == []
 
 
+def test_a_streak_of_faster_and_slower_updates_is_noise_not_a_drift() -> None:
+    """Each update 60% off the learner's level, one faster, one slower: no stage moved on
+    average, so nothing fires and the levels stay; a slowdown after it still fires (seen in a
+    tiny real run: a firing on such a streak set the levels anew inside the slowdown)."""
+    watch = ShapeWatch(learner_choice(), threshold=0.5, patience=2, settle=0)
+    for i in range(2):
+        watch.observe(STEADY, i)
+    fast, slow = {**STEADY, "train": 160.0}, {**STEADY, "train": 40.0}
+    assert watch.observe(fast, 2) is None
+    assert watch.observe(slow, 3) is None  # the streak is complete, the mean is 100/s
+    assert watch.moves == [] and watch.monitor.levels["train"] == pytest.approx(100.0)
+    much_slower = {**STEADY, "train": 100.0 / 6}
+    assert watch.observe(much_slower, 4) is None
+    move = watch.observe(much_slower, 5)
+    assert move is not None and move.factors == {"train": pytest.approx(6.0)}
+
+
 def test_a_drift_that_changes_no_ranking_keeps_the_shape() -> None:
     """Every stage 30% slower: the same shape wins on the scaled costs; the firing is
     recorded, the shape kept."""

@@ -15,7 +15,8 @@ the trials measured corrected by what the run measured of it against the model),
 moves when another shape beats the one in force: by more than the search's margin (2%) for a
 shape the run has measured, by more than the trials' band (10%) for one it has not, since the
 model has ranked shapes that close in the wrong order. The levels are then set again under the
-shape that runs.
+shape that runs. A streak of updates that left the level both ways, with no stage's mean beyond
+the threshold, is noise: it fires nothing and keeps the levels.
 
 It imports no engine: the run-time manager (:class:`~ebrl.resources.runtime.RunTimeManager`)
 feeds it each update's rates and sends its moves.
@@ -230,13 +231,17 @@ class ShapeWatch:
             if abs(now / level - 1.0) > th:
                 factors[k] = level / now
                 parts.append(f"{k} {level:.4g}/s -> {now:.4g}/s")
+        if not factors:
+            # the streak mixed faster and slower updates and no stage moved on average: noise,
+            # not a drift (searching the same costs again would only set the levels anew)
+            self.monitor.streak = 0
+            return None
         cause = (
-            f"{', '.join(parts) or self.monitor.stage} for {self.monitor.window} updates "
+            f"{', '.join(parts)} for {self.monitor.window} updates "
             f"(more than {th:.0%} from its level under {self.shape.describe()})"
         )
         t0 = time.perf_counter()
-        if factors:
-            self.costs = scaled_table(self.costs, factors)
+        self.costs = scaled_table(self.costs, factors)
         by_shape = {
             p.shape: p.throughput * self.corrections.get(p.shape, 1.0)
             for p in rank(self.costs, self.work, self.shapes)
