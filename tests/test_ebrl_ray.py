@@ -197,7 +197,9 @@ def test_a_dead_generator_is_replaced_and_no_transition_is_lost(step_level, tmp_
     from ebrl.stages.train import load_checkpoint
 
     before = ray_pids()
-    iters = 8
+    # a tiny update takes tens of ms: the run must outlast finding and killing the process
+    # (8 updates were over before the kill landed once, in a full suite on 2 cores)
+    iters = 20
     over = [o for o in TINY if not o.startswith("budget.iterations")]
     cfg = make_cfg(
         [*over, "scheduler=ebrl", f"budget.iterations={iters}", "simulator.delay_s=0.005",
