@@ -337,11 +337,11 @@ def _paper_head(profile: Profile, args: argparse.Namespace) -> str:
     from ebrl.tracking import git_commit, machine, portable
 
     warn = (
-        "**These answers come from an ILLUSTRATIVE profile, not a measured one**: no GPU has "
-        "been lent to this project, so every GPU cost in it is an assumption written down by "
-        "hand (its `source` field says which). They show what the planner does with a profile; "
-        "they are not predictions of any real cluster. `scripts/gpu_check.sh` writes a measured "
-        "profile on a GPU machine; plan from that one.\n\n"
+        "**These answers come from an ILLUSTRATIVE profile, not a measured one**: every GPU "
+        "cost in it is an assumption written down by hand (its `source` field says which). "
+        "They show what the planner does with a profile; they are not predictions of any real "
+        "cluster. `scripts/gpu_check.sh` writes a measured profile on a GPU machine; plan from "
+        "that one.\n\n"
         if profile.illustrative
         else ""
     )
