@@ -10,9 +10,9 @@
 #
 # Last run 2026-12-04 on one H200 (commit 76377db, the machine's torch 2.11.0+cu130, the
 # synthetic simulator: ManiSkill was not installed there): 6 passed in 108 s, profile and plans
-# written (results/gpu-check/2026-12-04/README.md). On a CPU-only machine the tests skip and the profile step is not
-# reached (no nvidia-smi). Needs a CUDA build of torch, the NVIDIA driver and
-# nvidia-cuda-mps-control. Extra arguments go to pytest (e.g. -k discover).
+# written (results/gpu-check/2026-12-04/README.md). On a CPU-only machine the tests skip and
+# the profile step is not reached (no nvidia-smi). Needs a CUDA build of torch, the NVIDIA
+# driver and nvidia-cuda-mps-control. Extra arguments go to pytest (e.g. -k discover).
 # PLAN_OUT sets where the profile and the plan go (default outputs/plan/gpu-<time>/);
 # PLAN_PROFILE=0 skips them.
 set -euo pipefail

@@ -514,7 +514,7 @@ def init_group(
     backend = resolve_backend(backend, device, shares_gpu)
     comm_device = torch.device("cpu")
     if backend == "nccl":
-        comm_device = torch.device(device) if device is not None else torch.device("cuda")
+        comm_device = dev if dev is not None else torch.device("cuda")
         if comm_device.index is None:
             comm_device = torch.device("cuda", torch.cuda.current_device())
         torch.cuda.set_device(comm_device)

@@ -29,13 +29,13 @@ from ebrl.policies.rlinf_policy import RLinfPolicy
 from ebrl.types import Observation
 from tests.conftest import make_cfg
 from tests.gpu.test_gpu_mps import REPO, requires_gpu, requires_mps
-from tests.test_rlinf_policy import FAKE, fake_run
+from tests.test_rlinf_policy import FAKE, counting_vla_envs, fake_run
 
 pytestmark = pytest.mark.gpu
 
 
 def vla_policy(model_type: str, precision: str) -> tuple[RLinfPolicy, list[CountingEnv]]:
-    envs = [CountingEnv(e, obs_dim=5, tasks=2, camera_size=8) for e in range(32)]
+    envs = counting_vla_envs(32)
     layout = envs[0].spec.obs_layout()
     spec = PolicySpec(obs_dim=envs[0].spec.obs_dim, action_dim=2, chunk_size=2, layout=layout)
     p = RLinfPolicy(spec, model_type=model_type, registry=FAKE, model_cfg={"precision": precision})

@@ -518,7 +518,7 @@ class EBRLScheduler:
         control binary is installed; stopped when the run ends. Elsewhere, a warning says the
         shares will time-slice and what to do. ``which``, ``daemons`` and ``make`` are for tests.
         """
-        shares = [s for s in (self.gen_gpus, self.learner_gpus) if 0 < s < 1]
+        shares = any(0 < s < 1 for s in (self.gen_gpus, self.learner_gpus))
         if not shares or self.ray_address is not None:
             return None
         if os.environ.get("CUDA_MPS_PIPE_DIRECTORY") or daemons():
