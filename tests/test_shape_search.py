@@ -21,7 +21,14 @@ from ebrl.resources.model import (
     simulate,
     split_groups,
 )
-from ebrl.resources.shape import Probes, gen_batches_for, measure, search, thread_options
+from ebrl.resources.shape import (
+    Probes,
+    ShapeChoice,
+    gen_batches_for,
+    measure,
+    search,
+    thread_options,
+)
 
 #: two env workers of 8 envs, segments of 8 decisions, k = 1, 2 cores, chunks of 4
 WORK = Workload((tuple(range(8)), tuple(range(8, 16))), 8, 1, 2.0, 4)
@@ -324,6 +331,64 @@ def test_the_shortlist_holds_the_choice_one_group_in_lock_step_and_the_close_one
     lock = search(costs(busy=1.0, gen_fixed=0.05), WORK, None, None, None, 0.005)
     assert lock.shape == Shape(1, False, 16, 0.005)
     assert shortlist(lock).count(lock.shape) == 1
+
+
+def _choice_at(rates: dict[Shape, float]) -> ShapeChoice:
+    """A search's result with the given predictions (shapes simplest first, as given), the
+    model's choice the best of them."""
+    from ebrl.resources.model import Prediction
+
+    preds = [
+        Prediction(s, r, 1.0, 1.0, 8.0, 0.0, 1.0, (1.0,), {}, {})
+        for s, r in sorted(rates.items(), key=lambda x: -x[1])
+    ]
+    return ShapeChoice(preds[0].shape, tuple(preds), costs(), 0.0, 0.0, WORK, tuple(rates))
+
+
+def test_a_run_that_measures_one_shape_starts_with_the_simplest_the_model_cannot_tell_apart():
+    """Seed 2 of 2026-12-04's make run: 1 + 2 threads predicted 3% above Async's 1 + 1, and a
+    10-update run measures one shape only. Inside the model's 10% band the simplest shape runs;
+    a gain beyond it keeps the search's choice, and the simplest within the band is the first
+    in the search's order (fewest threads, then fewest groups, lock step)."""
+    lock11, lock12 = Shape(1, False, 16, threads=(1, 1)), Shape(1, False, 16, threads=(1, 2))
+    pipe11 = Shape(2, False, 8, threads=(1, 1))
+    close = _choice_at({lock11: 460.0, lock12: 474.0, pipe11: 300.0})
+    assert close.shape == lock12
+    settled = close.unmeasured()
+    assert settled.shape == lock11 and settled.searched == lock12
+    assert settled.to_dict()["searched"] == lock12.to_dict()
+    assert settled.predicted() == 460.0  # its prediction is the one the run starts from
+    far = _choice_at({lock11: 400.0, lock12: 474.0, pipe11: 300.0})  # 16% apart
+    assert far.unmeasured() is far
+    middle = _choice_at({lock11: 400.0, lock12: 440.0, pipe11: 474.0})
+    assert middle.unmeasured().shape == lock12
+    simplest = _choice_at({lock11: 474.0, lock12: 470.0})
+    assert simplest.unmeasured() is simplest and "searched" not in simplest.to_dict()
+
+
+def test_the_run_starts_with_the_simplest_close_shape_only_when_it_measures_one(tmp_path):
+    """The scheduler's side: a 10-update run (one shape measured) starts with the simplest
+    shape within the band, and says so in shape.json; a 40-update run starts with the model's
+    choice and measures the simplest beside it; trials off count as one shape measured."""
+    import json
+
+    from ebrl.schedulers.ebrl import EBRLScheduler
+
+    lock11, lock12 = Shape(1, False, 16, threads=(1, 1)), Shape(1, False, 16, threads=(1, 2))
+    choice = _choice_at({lock11: 460.0, lock12: 474.0})
+    sched = EBRLScheduler(backend="inprocess", reshape_window=3)
+    short_run = {"budget": {"iterations": 10}}
+    shape, kept, trials = sched._trials(short_run, choice, tmp_path)
+    assert shape == kept.shape == lock11 and trials is not None
+    saved = json.loads((tmp_path / "shape.json").read_text())
+    assert saved["shape"] == lock11.to_dict() and saved["searched"] == lock12.to_dict()
+    assert [t.shape for t in trials.trials] == [lock11]
+    shape, kept, trials = sched._trials({"budget": {"iterations": 40}}, choice, None)
+    assert shape == lock12 and kept is choice
+    assert trials is not None and [t.shape for t in trials.trials][:2] == [lock12, lock11]
+    off = EBRLScheduler(backend="inprocess", reshape_window=0)
+    assert off._trials(short_run, choice, None)[:2] == (lock11, choice.unmeasured())
+    assert off._trials(short_run, choice, None)[2] is None
 
 
 def test_trials_measure_each_shape_in_turn_and_keep_the_fastest() -> None:

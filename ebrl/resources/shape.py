@@ -162,6 +162,13 @@ def _measure_train(probes: Probes, threads: int) -> dict[str, float]:
     return {"train_s": wall, "train_busy": cpu / wall if wall > 0 else 1.0}
 
 
+#: shapes the run measures in situ: the model's choice, the others it predicts within this
+#: share of the best, and the simplest candidate (one group in lock step, the Async schedule)
+TRIAL_BAND = 0.10
+#: at most this many shapes are measured in situ
+TRIAL_MAX = 3
+
+
 @dataclass(frozen=True)
 class ShapeChoice:
     """What the search chose, from what, and what it cost.
@@ -175,6 +182,7 @@ class ShapeChoice:
         work: the workload the search played (its ``cores``: the cores the run was given).
         shapes: the candidates, simplest first (what :func:`recalibrate` weighs again).
         recalibration: what the run itself measured later (:func:`recalibrate`), if it has.
+        searched: the search's own choice, where :meth:`unmeasured` set another in its place.
     """
 
     shape: Shape
@@ -185,6 +193,26 @@ class ShapeChoice:
     work: Workload | None = None
     shapes: tuple[Shape, ...] = ()
     recalibration: Recalibration | None = None
+    searched: Shape | None = None
+
+    def unmeasured(self, band: float = TRIAL_BAND) -> ShapeChoice:
+        """The choice for a run that will measure no shape against another (too short for a
+        second trial, or trials off): the simplest candidate the model predicts within
+        ``band`` of the best. A gain inside the model's own error that the run cannot check
+        is not worth the risk; the search's 2% margin is for a run whose trials check it."""
+        best = self.ranked[0].throughput
+        rate = {p.shape: p.throughput for p in self.ranked}
+        for s in self.shapes:
+            if rate.get(s, 0.0) >= best * (1 - band):
+                if s == self.shape:
+                    return self
+                log.info(
+                    "shape: the run measures one shape: %s (predicted %.0f), not %s (%.0f), "
+                    "within the model's %.0f%% band",
+                    s.describe(), rate[s], self.shape.describe(), self.predicted(), band * 100,
+                )  # fmt: skip
+                return dataclasses.replace(self, shape=s, searched=self.shape)
+        return self
 
     def describe(self) -> str:
         best, ours = self.ranked[0].throughput, self.predicted()
@@ -201,6 +229,7 @@ class ShapeChoice:
         table = {} if isinstance(self.costs, StageCosts) else self.costs
         return {
             "shape": self.shape.to_dict(),
+            **({"searched": self.searched.to_dict()} if self.searched is not None else {}),
             "profile_s": self.measure_s,
             "search_s": self.search_s,
             "costs": _costs_dict(self.chosen_costs()),
@@ -314,13 +343,6 @@ def gen_batches_for(work: Workload) -> list[int]:
         sizes.add(s.batch_min)
         sizes.add(math.ceil(work.num_envs / s.groups))
     return sorted(sizes)
-
-
-#: shapes the run measures in situ: the model's choice, the others it predicts within this
-#: share of the best, and the simplest candidate (one group in lock step, the Async schedule)
-TRIAL_BAND = 0.10
-#: at most this many shapes are measured in situ
-TRIAL_MAX = 3
 
 
 def shortlist(

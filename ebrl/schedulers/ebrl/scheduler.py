@@ -317,6 +317,34 @@ class EBRLScheduler:
         )
         return choice.shape, choice
 
+    def _trials(
+        self, cfg: Any, choice: ShapeChoice, run_dir: Path | None
+    ) -> tuple[Shape, ShapeChoice, ShapeTrials | None]:
+        """The shape the run starts with, its choice and the trials that measure the
+        shortlist (:func:`shortlist`, as many as :func:`trial_plan` fits; None when
+        ``reshape_window`` is 0). A run that will measure one shape only starts with the
+        simplest the model cannot tell from the best (:meth:`ShapeChoice.unmeasured`)."""
+        n = 0
+        if self.reshape_window > 0:
+            n, _ = trial_plan(
+                self.reshape_window,
+                cfg,
+                len(shortlist(choice)),
+                update_s=choice.prediction().update_s,
+            )
+        if n < 2:
+            settled = choice.unmeasured()
+            if settled is not choice and run_dir is not None:
+                settled.save(run_dir)  # shape.json says what the run started with
+            choice = settled
+        if n == 0:
+            return choice.shape, choice, None
+        short = shortlist(choice)
+        n, each = trial_plan(
+            self.reshape_window, cfg, len(short), update_s=choice.prediction().update_s
+        )
+        return choice.shape, choice, ShapeTrials(short[:n], skip=1, updates=each)
+
     def plan(self, ctx: RunContext, roles: Roles, slots: SlotSpec, shape: Shape) -> Plan:
         """The shape of the run every worker shares (resources: :func:`with_resources`)."""
         groups = env_groups(roles.sims, shape.groups)
@@ -395,17 +423,12 @@ class EBRLScheduler:
             slots = ShmSlots.create(n, spec.obs_dim, k, spec.action_dim)
             factory = factory.with_spec(spec)
             shape, self.shape_choice = self.shape(dataclasses.replace(ctx, factory=factory), roles)
-            self._unlogged_shape = self.shape_choice
             trials = None
-            if self.shape_choice is not None and self.reshape_window > 0:
-                short = shortlist(self.shape_choice)
-                n, each = trial_plan(
-                    self.reshape_window,
-                    factory.cfg,
-                    len(short),
-                    update_s=self.shape_choice.prediction().update_s,
+            if self.shape_choice is not None:
+                shape, self.shape_choice, trials = self._trials(
+                    factory.cfg, self.shape_choice, ctx.run_dir
                 )
-                trials = ShapeTrials(short[:n], skip=1, updates=each)
+            self._unlogged_shape = self.shape_choice
             plan = self.plan(ctx, roles, slots.spec, shape)
             manager = manage.setup(
                 factory,
