@@ -18,12 +18,15 @@ checkpoint for:
   only from openpi's table of named variants (``dummy``, ``gemma_300m``, ``gemma_2b``), the
   vision tower is PaliGemma-3B's SigLIP (27 layers of 1152) whose projection is 2048 wide,
   which the language model's width must equal, and RLinf's value head reads 1024 features, the
-  width of ``gemma_300m``. So the smallest pi0 that runs unpatched is the full 3.3B one (the
-  ``dummy`` variants build, then fail at the first call: image features of 2048 against
-  language embeddings of 64). While RLinf builds, :func:`model_sizes` adds two variants to
-  openpi's table, gives the fork's PaliGemma config a vision tower of the given size (its
-  projection as wide as the language model) and RLinf's value head the expert's width. The
-  vocabulary (257,152) and the 224 x 224 input resolution are kept.
+  width of ``gemma_300m``; the two Gemmas attend jointly layer by layer, so they share depth
+  and head sizes. So the smallest pi0 that runs unpatched is the full one, 3.50B parameters as
+  built (0.26B of them the expert's lm_head, which pi0 never calls; fp32 Adam would need about
+  56 GB); the ``dummy`` variants build (449M parameters, the SigLIP tower most of them), then
+  fail at the first call: image features of 2048 against language embeddings of 64.
+  While RLinf builds, :func:`model_sizes` adds two variants to openpi's table, gives the
+  fork's PaliGemma config a vision tower of the given size (its projection as wide as the
+  language model) and RLinf's value head the expert's width. The vocabulary (257,152) and the
+  224 x 224 input resolution are kept.
 
 Everything else (input transforms, denoising, log-probs, values) is RLinf's and openpi's code.
 Needs ``make test-openpi``'s venv (.venv-openpi).
