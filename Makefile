@@ -9,7 +9,7 @@ export VK_ICD_FILENAMES ?= $(abspath $(VULKAN))
 export PYTHONUNBUFFERED := 1
 SEEDS ?= 0,1,2
 
-.PHONY: help setup setup-libero run train test test-slow test-faults test-rliable test-gpu test-rlinf test-slurm lint format bench-sim bench-learn learn-report late-eval bench-sched bench-alloc bench-soak table-libero clean
+.PHONY: help setup setup-libero run train test test-slow test-faults test-rliable test-gpu test-rlinf test-openpi test-slurm lint format bench-sim bench-learn learn-report late-eval bench-sched bench-alloc bench-soak table-libero clean
 
 help:
 	@echo "make run        set up, then the main job: EBRL vs Colocated/Hybrid/Async, 3 seeds (~10 min)"
@@ -20,6 +20,7 @@ help:
 	@echo "make test-rliable  analysis.stats against rliable's own functions (own venv: pandas < 3)"
 	@echo "make test-gpu   the GPU checks (NVIDIA GPU + MPS), scripts/gpu_check.sh"
 	@echo "make test-rlinf the RLinf golden tests (own venv with rlinf 0.3, RLinf checkout at v0.3)"
+	@echo "make test-openpi the paper's pi0 (openpi) through RLinf's registry, tiny, on the CPU (own venv)"
 	@echo "make test-slurm a single-node Slurm here (installs slurm-wlm, munge), a job requeued twice (~8 min)"
 	@echo "make setup-libero  LIBERO (simulator=libero) in the venv, its assets and config (~2 min)"
 	@echo "make bench-sim  simulator throughput per process (LIBERO's suites too)"
@@ -123,6 +124,31 @@ test-rlinf: $(VULKAN)
 	RLINF_REPO=$(abspath $(RLINF_REPO)) $(RLINF_VENV)/bin/python -m pytest -q -rs \
 	  tests/test_rlinf_translate.py tests/test_rlinf_env.py \
 	  tests/test_rlinf_policy.py
+
+# The paper's pi0 (openpi) built by RLinf's own registry and trained by ebrl, tiny, offline, on the
+# CPU (tests/test_openpi_tiny.py, skipped by `make test`; ebrl.policies.openpi). Its own venv: the
+# project on torch 2.13 CPU, then RLinf 0.3, rlinf-openpi and RLinf's transformers fork with
+# --no-deps (they pin torch 2.7.1, jax[cuda12], numpy<2, lerobot, wandb), then what their PyTorch
+# path imports: openpi's PyTorch pi0 imports JAX and flax (its Gemma configs, transforms and
+# checkpoint helpers are JAX modules), so JAX's CPU build at openpi's version (~2.7 GB in all,
+# ~5 min here). No model-hub download: the test writes its norm stats and trains its tokenizer.
+OPENPI_VENV ?= .venv-openpi
+OPENPI_DEPS := 'jax==0.5.3' 'jaxlib==0.5.3' 'flax==0.10.2' 'orbax-checkpoint==0.11.13' \
+  'chex==0.1.90' 'beartype==0.19.0' 'jaxtyping==0.2.36' 'ml-collections==1.0.0' augmax numpydantic \
+  etils tyro sentencepiece 'fsspec>=2024.6.0' filelock tqdm-loggable einops safetensors \
+  'tokenizers>=0.21,<0.22' 'huggingface-hub>=0.30,<1.0' regex requests pyyaml
+OPENPI_NODEPS := rlinf==0.3.0 rlinf-openpi==0.1.1 rlinf-transformer-openpi==4.53.2 openpi-client==0.1.2
+OPENPI_STAMP := $(OPENPI_VENV)/.ebrl-openpi-installed
+$(OPENPI_STAMP): pyproject.toml constraints.txt
+	@test -x $(OPENPI_VENV)/bin/python || $(PYTHON) -m venv $(OPENPI_VENV)
+	$(OPENPI_VENV)/bin/python -m pip install -q -c constraints.txt torch==2.13.0
+	$(OPENPI_VENV)/bin/python -m pip install -q -c constraints.txt -e '.[dev]'
+	numpy=$$($(OPENPI_VENV)/bin/python -c 'import numpy; print(numpy.__version__)'); \
+	$(OPENPI_VENV)/bin/python -m pip install -q -c constraints.txt "numpy==$$numpy" $(OPENPI_DEPS)
+	$(OPENPI_VENV)/bin/python -m pip install -q --no-deps $(OPENPI_NODEPS)
+	@touch $@
+test-openpi: $(OPENPI_STAMP)
+	$(OPENPI_VENV)/bin/python -m pytest -q -rs tests/test_openpi_tiny.py tests/test_rlinf_policy.py
 
 # The real-Slurm checks (issue 15, preemption and faults), skipped by `make test`: a single-node
 # Slurm on this machine (scripts/slurm_local.sh: installs Debian's slurm-wlm and munge if missing,

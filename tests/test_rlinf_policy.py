@@ -134,6 +134,19 @@ def test_a_vla_is_shown_the_simulators_state_images_and_instructions_by_its_layo
         torch.testing.assert_close(p.value(batch.obs), chunk.value)
 
 
+def test_a_models_one_entropy_per_decision_is_spread_over_the_chunk():
+    """openpi's default_forward gives entropy [B, 1] (its mean over the chunk's dimensions):
+    each dimension gets it, in the learner's distribution and its evaluation alike."""
+    from ebrl.policies.rlinf_policy import ScoredChunk
+
+    actions = torch.zeros(3, 2, 2)
+    scored = ScoredChunk(actions, torch.zeros(3, 2, 2), torch.tensor([[1.0], [2.0], [3.0]]))
+    assert scored.entropy().shape == (3, 2, 2)
+    assert torch.equal(scored.entropy().sum(dim=(1, 2)), torch.tensor([4.0, 8.0, 12.0]))
+    with pytest.raises(RuntimeError, match="one score per action dimension or one per decision"):
+        ScoredChunk(actions, torch.zeros(3, 2, 2), torch.zeros(3, 3))
+
+
 def test_models_it_cannot_train_are_refused_by_name():
     with pytest.raises(RuntimeError, match=r"forward_inputs\['prompt'\] is not a tensor"):
         RLinfPolicy(SPEC, model_type="list_inputs", registry=FAKE)

@@ -69,6 +69,20 @@ def _flat_sum(x: torch.Tensor, b: int) -> torch.Tensor:  # -> [B]
     return x.reshape(b, -1).float().sum(dim=1)
 
 
+def _per_dim(x: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:  # -> [B, K, A]
+    """A model's per-dimension scores of ``actions [B, K, A]``, or its one score per decision
+    spread over the chunk's dimensions: openpi's entropy is ``[B, 1]``, the mean over the
+    chunk's dimensions (and denoising steps), so each dimension gets that mean."""
+    if x.numel() == actions.numel():
+        return x.float().reshape(actions.shape)
+    if x.numel() == actions.shape[0]:
+        return x.float().reshape(-1, 1, 1).expand(actions.shape)
+    raise RuntimeError(
+        f"an RLinf model scored chunks of shape {tuple(actions.shape)} with a tensor of shape "
+        f"{tuple(x.shape)}: ebrl reads one score per action dimension or one per decision"
+    )
+
+
 class ScoredChunk:
     """What RLinf's ``default_forward`` gives for given chunks, in the shape ebrl's algorithms
     read from a distribution over the chunk: per-dimension log-probs and entropy ``[B, K, A]``.
@@ -79,10 +93,9 @@ class ScoredChunk:
     """
 
     def __init__(self, actions: torch.Tensor, logprob: torch.Tensor, entropy: torch.Tensor):
-        shape = actions.shape
         self.actions = actions
-        self._logprob = logprob.float().reshape(shape)
-        self._entropy = entropy.float().reshape(shape)
+        self._logprob = logprob.float().reshape(actions.shape)
+        self._entropy = _per_dim(entropy, actions)
 
     def log_prob(self, actions: torch.Tensor) -> torch.Tensor:  # [B, K, A]
         if actions is not self.actions and not torch.equal(actions, self.actions):
@@ -307,7 +320,7 @@ class RLinfPolicy(Policy):
         out = self._forward(obs, actions, extras, scores=True, values=True)
         return Evaluation(
             logprob=_flat_sum(out["logprobs"], b),
-            entropy=_flat_sum(out["entropy"], b),
+            entropy=_flat_sum(_per_dim(out["entropy"], actions), b),
             value=out["values"].reshape(b, -1)[:, 0].float(),
         )
 
