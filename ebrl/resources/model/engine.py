@@ -92,17 +92,39 @@ class _Sampler:
         return total
 
 
+class _Gate(dict[int, bool]):
+    """The staleness gate (:func:`admits`) of every env a replica serves, at the replica's
+    policy version: each answer computed once, then read as a dict lookup by :func:`pick`.
+    The engine drops an env's answer when its decisions change and every answer when the
+    version does."""
+
+    def __init__(self, decided: dict[int, int], t: int, k: int) -> None:
+        super().__init__()
+        self.decided, self.t, self.k, self.version = decided, t, k, 0
+
+    def __missing__(self, e: int) -> bool:
+        ok = self[e] = admits(self.decided[e], self.t, self.k, self.version)
+        return ok
+
+
 @dataclass
 class _Replica:
     """What one generator replica knows (the engine's ``GenWorker``)."""
 
     served: set[int]
     groups: list[list[int]]
+    gate: _Gate
     ready: OrderedDict[int, float] = field(default_factory=OrderedDict)
     inbox: deque[tuple[str, int]] = field(default_factory=deque)
     carry: list[tuple[str, int]] = field(default_factory=list)  # read, not yet handled
     version: int = 0
     busy: bool = False
+
+    def take(self, version: int) -> None:
+        """Act with policy ``version`` from now on."""
+        if version != self.version:
+            self.version = self.gate.version = version
+            self.gate.clear()
 
 
 def play(
@@ -113,8 +135,13 @@ def play(
     updates: int = 8,
     warmup: int = 2,
     seed: int = 0,
+    spans: bool = True,
 ) -> Played:
     """Play ``updates`` updates of the schedule; the figures are over those after ``warmup``.
+
+    Args:
+        spans: keep every stage call as a :class:`Span` (False: ``Played.spans`` is empty, the
+            figures the same).
 
     Raises:
         RuntimeError: the schedule stalls (nothing left to happen before ``updates`` updates).
@@ -130,15 +157,15 @@ def play(
     replica_of = lay.replica_of or replica_blocks(len(work.workers), lay.replicas)
     groups = split_groups(work.workers, shape.groups)
     m = max(1, min(shape.batch_min, n))
+    decided = dict.fromkeys(owner, 0)  # chunks acted for
     reps = []
     for r in range(lay.replicas):
         served = {e for e, w in owner.items() if replica_of[w] == r}
-        rep = _Replica(served, served_groups(groups, served))
+        rep = _Replica(served, served_groups(groups, served), _Gate(decided, t, k))
         for g in rep.groups:  # the first observations, group by group
             rep.ready.update((e, 0.0) for e in g)
         reps.append(rep)
     machine = Machine(lay.pools, lay.nominal)
-    decided = dict.fromkeys(owner, 0)  # chunks acted for
     stepped = dict.fromkeys(owner, 0)  # chunks simulated
     queues: list[deque[tuple[list[int], bool]]] = [deque() for _ in work.workers]
     startable: set[int] = set()  # idle env workers with a unit queued
@@ -154,17 +181,27 @@ def play(
     dirty: set[int] = set(range(len(reps)))
     waits: list[tuple[float, int]] = []  # (when, replica): batching timeouts set
 
-    def gen_loads(r: int) -> tuple[tuple[str, float], ...]:
-        return lay.gen_loads[r] if lay.gen_loads else ()
+    # what every job of a worker or a replica asks, made once
+    sim_uses = [((p, costs.sim_busy),) for p in lay.sims]
+    sim_tracks = [f"sim{w}" for w in range(len(work.workers))]
+    gen_loads = lay.gen_loads or ((),) * lay.replicas
+    gen_tracks = [gen_track(r) for r in range(lay.replicas)]
+    batch_args = [(("batch", b),) for b in range(n + 1)]
 
     def start_workers() -> None:
         for w in sorted(startable):
             unit, last = queues[w].popleft()
             secs = draw(len(unit)) + costs.message_s
             working[w] = True
-            uses = ((lay.sims[w], costs.sim_busy),)
             machine.add(
-                Job(secs, uses, _stepped(w, unit, last), "sim", f"sim{w}", (("batch", len(unit)),))
+                Job(
+                    secs,
+                    sim_uses[w],
+                    _stepped(w, unit, last),
+                    "sim",
+                    sim_tracks[w],
+                    batch_args[len(unit)],
+                )
             )
         startable.clear()
 
@@ -179,22 +216,28 @@ def play(
                 stepped[e] += 1
                 rep.inbox.append(("ready", e))
             if last:  # the Go is done: hand over every segment it completed
-                parts[w] = min(stepped[e] for e in work.workers[w]) // t
-                learner["parts"] = min(parts)
+                was, parts[w] = parts[w], min(map(stepped.__getitem__, work.workers[w])) // t
+                if was == learner["parts"] != parts[w]:  # it may have held the minimum back
+                    learner["parts"] = min(parts)
 
         return fn
 
     def _acted(r: int, batch: list[int]) -> Callable[[], None]:
         def fn() -> None:
-            reps[r].busy = False
+            rep = reps[r]
+            rep.busy = False
             dirty.add(r)
             per_worker: dict[int, list[int]] = {}
             for e in batch:
                 decided[e] += 1
+                rep.gate.pop(e, None)
                 per_worker.setdefault(owner[e], []).append(e)
             for w, ids in per_worker.items():  # one Go per env worker
-                units = [[e] for e in ids] if shape.step_level else [ids]
-                queues[w].extend((u, i == len(units) - 1) for i, u in enumerate(units))
+                if shape.step_level:  # env by env, the Go done with the last
+                    queues[w].extend([([e], False) for e in ids[:-1]])
+                    queues[w].append(([ids[-1]], True))
+                else:
+                    queues[w].append((ids, True))
                 if not working[w]:
                     startable.add(w)
 
@@ -204,7 +247,7 @@ def play(
         def fn() -> None:
             reps[r].busy = False
             dirty.add(r)
-            reps[r].version = max(reps[r].version, version)
+            reps[r].take(max(reps[r].version, version))
 
         return fn
 
@@ -248,13 +291,13 @@ def play(
                             lay.gens[r],
                             _loaded(r, learner["version"]),
                             "load",
-                            gen_track(r),
+                            gen_tracks[r],
                             (("version", x),),
-                            gen_loads(r),
+                            gen_loads[r],
                         )
                     )
                     return
-                rep.version = learner["version"]  # the board holds the newest
+                rep.take(learner["version"])  # the board holds the newest
 
     def serve(r: int) -> None:
         """Replica ``r``'s loop (``GenWorker._loop``) from where it stands, at this instant."""
@@ -265,7 +308,7 @@ def play(
         while not rep.busy:
             batch = pick(
                 rep.ready,
-                lambda e: admits(decided[e], t, k, rep.version),
+                rep.gate.__getitem__,
                 rep.groups,
                 shape.step_level,
                 m,
@@ -298,9 +341,9 @@ def play(
                         lay.gens[r],
                         _acted(r, batch),
                         "gen",
-                        gen_track(r),
-                        (("batch", len(batch)),),
-                        gen_loads(r),
+                        gen_tracks[r],
+                        batch_args[len(batch)],
+                        gen_loads[r],
                     )
                 )
                 return
@@ -310,9 +353,10 @@ def play(
                 read(r, msgs)
                 continue
             if shape.step_level:  # wait out the oldest eligible env's batching timeout
-                ok = [e for e in rep.ready if admits(decided[e], t, k, rep.version)]
-                if ok:
-                    at = rep.ready[ok[0]] + shape.batch_timeout_s
+                gate = rep.gate
+                first = next((e for e in rep.ready if gate[e]), None)
+                if first is not None:
+                    at = rep.ready[first] + shape.batch_timeout_s
                     machine.timer(at)
                     heapq.heappush(waits, (at, r))
             return
@@ -347,7 +391,10 @@ def play(
         if not machine.advance():
             raise RuntimeError(f"the modelled schedule stalled at {shape.describe()}")
         schedule()  # a timer may have fired
-    return _result(machine, costs, work, shape, lay, warmup, done_at, hist, events, counts)
+    played = _result(machine, costs, work, shape, lay, warmup, done_at, hist, events, counts)
+    if spans:
+        played.spans = machine.spans
+    return played
 
 
 def _ends_rollout(served: set[int], batch: list[int], decided: dict[int, int], t: int) -> bool:
@@ -375,10 +422,10 @@ def _result(
     steps = (updates - warmup) * work.env_steps_per_update
     lanes = {"sim": len(work.workers), "gen": lay.replicas, "load": lay.replicas}
     busy: dict[str, float] = {}
-    for s in machine.spans:
-        lo, hi = max(s.start, t0), min(s.end, t1)
+    for stage, _, start, end, _ in machine.records:
+        lo, hi = max(start, t0), min(end, t1)
         if hi > lo:
-            busy[s.stage] = busy.get(s.stage, 0.0) + hi - lo
+            busy[stage] = busy.get(stage, 0.0) + hi - lo
     for j in machine.running:  # a job still running at the last update
         lo = max(j.start, t0)
         if t1 > lo:
@@ -403,7 +450,7 @@ def _result(
         stage_busy={s: b / per_update for s, b in busy.items()},
         stage_util={s: b / (lanes.get(s, 1) * span) for s, b in busy.items()} if span > 0 else {},
     )
-    return Played(pred, machine.spans, events, steady, done_at, (t0, t1))
+    return Played(pred, [], events, steady, done_at, (t0, t1))
 
 
 def simulate(
@@ -416,4 +463,4 @@ def simulate(
     layout: Layout | None = None,
 ) -> Prediction:
     """Play ``updates`` updates of the schedule; the figures are over those after ``warmup``."""
-    return play(costs, work, shape, layout, updates, warmup, seed).prediction
+    return play(costs, work, shape, layout, updates, warmup, seed, spans=False).prediction
