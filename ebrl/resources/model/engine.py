@@ -95,8 +95,8 @@ class _Sampler:
 class _Gate(dict[int, bool]):
     """The staleness gate (:func:`admits`) of every env a replica serves, at the replica's
     policy version: each answer computed once, then read as a dict lookup by :func:`pick`.
-    The engine drops an env's answer when its decisions change and every answer when the
-    version does."""
+    The answer depends on the segment an env's next decision lands in: the engine drops an
+    env's answer when that segment changes, and every answer when the version does."""
 
     def __init__(self, decided: dict[int, int], t: int, k: int) -> None:
         super().__init__()
@@ -230,7 +230,8 @@ def play(
             per_worker: dict[int, list[int]] = {}
             for e in batch:
                 decided[e] += 1
-                rep.gate.pop(e, None)
+                if decided[e] % t == 0:  # a new segment: the gate may answer otherwise
+                    rep.gate.pop(e, None)
                 per_worker.setdefault(owner[e], []).append(e)
             for w, ids in per_worker.items():  # one Go per env worker
                 if shape.step_level:  # env by env, the Go done with the last
@@ -306,7 +307,8 @@ def play(
             msgs, rep.carry = rep.carry, []
             read(r, msgs)
         while not rep.busy:
-            batch = pick(
+            # nothing ready: nothing to pick (the rule returns no batch without a ready env)
+            batch = rep.ready and pick(
                 rep.ready,
                 rep.gate.__getitem__,
                 rep.groups,
@@ -325,12 +327,12 @@ def play(
                 counts["batches"] += 1
                 counts["envs"] += len(batch)
                 events.append(
-                    ("gen", r, tuple(batch), rep.version, tuple(decided[e] // t for e in batch))
+                    ("gen", r, tuple(batch), rep.version, tuple([decided[e] // t for e in batch]))
                 )
                 # the engine's own work: a Ready read per unit the batch came in (one per env
                 # at the step level, one per env worker's share in lock step), a Go sent per
                 # env worker it acted for
-                workers = len({owner[e] for e in batch})
+                workers = len(set(map(owner.__getitem__, batch)))
                 units = len(batch) if shape.step_level else workers
                 secs = costs.gen_s(len(batch), messages=units + workers)
                 if costs.offload_s > 0 and _ends_rollout(rep.served, batch, decided, t):
@@ -422,10 +424,13 @@ def _result(
     steps = (updates - warmup) * work.env_steps_per_update
     lanes = {"sim": len(work.workers), "gen": lay.replicas, "load": lay.replicas}
     busy: dict[str, float] = {}
+    done = {"gen": 0, "train": 0}  # seconds of the finished calls, summed in the order they ended
     for stage, _, start, end, _ in machine.records:
         lo, hi = max(start, t0), min(end, t1)
         if hi > lo:
             busy[stage] = busy.get(stage, 0.0) + hi - lo
+        if stage in done:
+            done[stage] += end - start
     for j in machine.running:  # a job still running at the last update
         lo = max(j.start, t0)
         if t1 > lo:
@@ -441,8 +446,8 @@ def _result(
     pred = Prediction(
         shape=shape,
         throughput=steps / span if span > 0 else float("inf"),
-        gen_busy=machine.busy("gen") / now / lay.replicas,
-        train_busy=machine.busy("train") / now,
+        gen_busy=(done["gen"] + _running_s(machine, "gen")) / now / lay.replicas,
+        train_busy=(done["train"] + _running_s(machine, "train")) / now,
         mean_batch=counts["envs"] / max(1, counts["batches"]),
         bubble=machine.idle / now,
         update_s=span / per_update,
@@ -451,6 +456,11 @@ def _result(
         stage_util={s: b / (lanes.get(s, 1) * span) for s, b in busy.items()} if span > 0 else {},
     )
     return Played(pred, [], events, steady, done_at, (t0, t1))
+
+
+def _running_s(machine: Machine, kind: str) -> float:
+    """Seconds the running jobs of ``kind`` have run so far (``Machine.busy``'s second part)."""
+    return sum(machine.now - j.start for j in machine.running if j.kind == kind)
 
 
 def simulate(

@@ -29,49 +29,13 @@ from dataclasses import dataclass, field
 
 #: a pool name and the capacity a job asks of it
 Use = tuple[str, float]
+#: (pool, demand) pairs
+_Asks = tuple[tuple["_Pool", float], ...]
 #: what a span records (``batch``, ``version``)
 SpanArgs = tuple[tuple[str, float | int | str], ...]
 #: the pool of jobs that only take time (a transfer that occupies nothing the model shares)
 DELAY = "delay"
 _EPS = 1e-10
-
-
-@dataclass(eq=False, slots=True)
-class Job:
-    """One stage call.
-
-    Attributes:
-        work: seconds it takes at full speed (alone, with all it asks for).
-        uses: the pools it runs on and what it asks of each (empty: a pure delay).
-        done: called when it finishes (the model's event handler).
-        kind: the stage (``sim``, ``gen``, ``train``, ``sync``, ``load``): a timeline span's name.
-        track: the worker it runs on (``sim0``, ``gen``, ``learner``): a timeline lane.
-        args: what the span records (``batch``, ``version``).
-        loads: pools it takes capacity from without being paced by them (a GPU call's host
-            thread takes a core from its node, but the call runs at the GPU's pace).
-    """
-
-    work: float
-    uses: tuple[Use, ...]
-    done: Callable[[], None]
-    kind: str
-    track: str
-    args: tuple[tuple[str, float | int | str], ...] = ()
-    loads: tuple[Use, ...] = ()
-    seq: int = 0
-    start: float = 0.0
-    remaining: float = 0.0  # several pools only: work left at full speed
-
-
-@dataclass(frozen=True, slots=True)
-class Span:
-    """A finished job, in the shape of ``ebrl.timeline.Span`` (seconds of model time)."""
-
-    stage: str
-    track: str
-    start: float
-    end: float
-    args: tuple[tuple[str, float | int | str], ...] = ()
 
 
 class _Pool:
@@ -106,6 +70,46 @@ class _Pool:
         self.asks: dict[float, int] | None = {} if nominal is not None else None
 
 
+@dataclass(eq=False, slots=True)
+class Job:
+    """One stage call.
+
+    Attributes:
+        work: seconds it takes at full speed (alone, with all it asks for).
+        uses: the pools it runs on and what it asks of each (empty: a pure delay).
+        done: called when it finishes (the model's event handler).
+        kind: the stage (``sim``, ``gen``, ``train``, ``sync``, ``load``): a timeline span's name.
+        track: the worker it runs on (``sim0``, ``gen``, ``learner``): a timeline lane.
+        args: what the span records (``batch``, ``version``).
+        loads: pools it takes capacity from without being paced by them (a GPU call's host
+            thread takes a core from its node, but the call runs at the GPU's pace).
+    """
+
+    work: float
+    uses: tuple[Use, ...]
+    done: Callable[[], None]
+    kind: str
+    track: str
+    args: tuple[tuple[str, float | int | str], ...] = ()
+    loads: tuple[Use, ...] = ()
+    seq: int = 0
+    start: float = 0.0
+    remaining: float = 0.0  # several pools only: work left at full speed
+    # the machine's: what it asks of each pool, its uses then its loads
+    asked: tuple[tuple[_Pool, float], ...] = field(default=(), repr=False)
+
+
+@dataclass(frozen=True, slots=True)
+class Span:
+    """A finished job, in the shape of ``ebrl.timeline.Span`` (seconds of model time)."""
+
+    stage: str
+    track: str
+    start: float
+    end: float
+    args: tuple[tuple[str, float | int | str], ...] = ()
+
+
 @dataclass
 class Machine:
     """Pools, running jobs, timers and the clock.
@@ -130,10 +134,8 @@ class Machine:
             p: _Pool(p, i, c, nominal.get(p)) for i, (p, c) in enumerate(self.capacity.items())
         }
         self._by_index = list(self._pools.values())
-        # a job's uses and loads resolved to pools, by the tuples jobs give (a layout's few)
-        self._resolved: dict[tuple[Use, ...], tuple[tuple[_Pool, float], ...]] = {
-            (): ((self._pools[DELAY], 0.0),)
-        }
+        # a job's (uses, loads) resolved to pools: its pacing pools, and every pool it asks of
+        self._resolved: dict[tuple[tuple[Use, ...], tuple[Use, ...]], tuple[_Asks, _Asks]] = {}
         # when each pool's next job ends (real time), kept current by version numbers: an
         # event touches a few pools, not all of them. A pool whose speed or first job changed
         # is recomputed once, before the clock moves on (every change at one instant gives
@@ -165,13 +167,16 @@ class Machine:
     def running(self) -> list[Job]:
         return list(self._running.values())
 
-    def _resolve(self, uses: tuple[Use, ...], job: Job) -> tuple[tuple[_Pool, float], ...]:
-        """``uses`` as (pool, demand) pairs (an unknown pool: KeyError)."""
-        for p, _ in uses:
+    def _resolve(self, job: Job) -> tuple[_Asks, _Asks]:
+        """A job's pacing pools and every pool it asks of, as (pool, demand) pairs (an unknown
+        pool: KeyError)."""
+        uses = job.uses or ((DELAY, 0.0),)
+        for p, _ in (*uses, *job.loads):
             if p not in self._pools:
                 raise KeyError(f"job {job.kind}@{job.track} uses pool {p!r}, which is not defined")
-        out = tuple((self._pools[p], d) for p, d in uses)
-        self._resolved[uses] = out
+        paced = tuple((self._pools[p], d) for p, d in uses)
+        out = paced, paced + tuple((self._pools[p], d) for p, d in job.loads)
+        self._resolved[job.uses, job.loads] = out
         return out
 
     def _renext(self) -> None:
@@ -188,45 +193,34 @@ class Machine:
 
     def add(self, job: Job) -> None:
         """Start ``job`` now."""
-        resolved = self._resolved
-        uses = resolved.get(job.uses) or self._resolve(job.uses, job)
-        loads = resolved.get(job.loads) if job.loads else ()
-        if loads is None:
-            loads = self._resolve(job.loads, job)
+        paced, asked = self._resolved.get((job.uses, job.loads)) or self._resolve(job)
+        job.asked = asked
         seq = job.seq = self._seq
         self._seq += 1
         now = job.start = self.now
         self._running[seq] = job
-        multi = len(uses) > 1
-        if multi:
-            job.remaining = job.work
-            self._multi[seq] = job
-            self._version[seq] = 0
-            self._rate[seq] = 0.0
-            self._since[seq] = now
-        for pool, d in uses:
+        for pool, d in asked:
             pool.count += 1
             pool.demand += d
             if pool.asks is not None:
                 pool.asks[d] = pool.asks.get(d, 0) + 1
             self._respeed(pool)
-        for pool, d in loads:
-            pool.count += 1
-            pool.demand += d
-            if pool.asks is not None:
-                pool.asks[d] = pool.asks.get(d, 0) + 1
-            self._respeed(pool)
-        if multi:
-            for pool, _ in uses:
-                pool.multi.add(seq)
-            self._reschedule(job)
-        else:
-            pool = uses[0][0]
+        if len(paced) == 1:
+            pool = paced[0][0]
             h = pool.heap
             end = pool.vt + pool.speed * (now - pool.vt_at) + job.work
             heapq.heappush(h, (end, seq, job))
             if h[0][2] is job:
                 self._moved.add(pool)
+        else:
+            job.remaining = job.work
+            self._multi[seq] = job
+            self._version[seq] = 0
+            self._rate[seq] = 0.0
+            self._since[seq] = now
+            for pool, _ in paced:
+                pool.multi.add(seq)
+            self._reschedule(job)
 
     def _respeed(self, pool: _Pool) -> None:
         if pool.count == 0:
@@ -300,48 +294,49 @@ class Machine:
         while timers and timers[0] <= due:
             self._timer_set.discard(heapq.heappop(timers))
         finished: list[Job] = []
-        n, pools = self._next, self._by_index
-        while n and self._next_pool() <= due:
-            pool = pools[heapq.heappop(n)[2]]
+        n, pools, moved = self._next, self._by_index, self._moved
+        while n and n[0][0] <= due:
+            _, version, index = heapq.heappop(n)
+            pool = pools[index]
+            if version != pool.version:  # stale
+                continue
             h = pool.heap
             clock = pool.vt + pool.speed * (now - pool.vt_at)
             while h and h[0][0] - clock <= _EPS:
                 finished.append(heapq.heappop(h)[2])
-            self._moved.add(pool)
+            moved.add(pool)
         while self._multi and self._next_multi() <= due:
             _, seq, _ = heapq.heappop(self._finish)
             finished.append(self._multi.pop(seq))
         if len(finished) > 1:
             finished.sort(key=lambda j: j.seq)  # jobs that end together: in the order they began
-        running, resolved = self._running, self._resolved
-        for j in finished:
-            del running[j.seq]
-            if len(j.uses) > 1:
-                for pool, _ in resolved[j.uses]:
+            for j in finished:
+                del self._running[j.seq]
+                if j.seq in self._version:  # several pools
+                    for pool, _ in j.asked:
+                        pool.multi.discard(j.seq)
+        elif finished:
+            j = finished[0]
+            del self._running[j.seq]
+            if j.seq in self._version:
+                for pool, _ in j.asked:
                     pool.multi.discard(j.seq)
         records = self.records
         for j in finished:
-            for pool, d in resolved[j.uses]:
-                self._release(pool, d)
-            if j.loads:
-                for pool, d in resolved[j.loads]:
-                    self._release(pool, d)
+            for pool, d in j.asked:
+                pool.count -= 1
+                pool.demand -= d
+                asks = pool.asks
+                if asks is not None:
+                    if asks[d] == 1:
+                        del asks[d]
+                    else:
+                        asks[d] -= 1
+                self._respeed(pool)
             records.append((j.kind, j.track, j.start, now, j.args))
         for j in finished:
             j.done()
         return True
-
-    def _release(self, pool: _Pool, d: float) -> None:
-        """A job that asked ``d`` of ``pool`` has ended."""
-        pool.count -= 1
-        pool.demand -= d
-        asks = pool.asks
-        if asks is not None:
-            if asks[d] == 1:
-                del asks[d]
-            else:
-                asks[d] -= 1
-        self._respeed(pool)
 
     def busy(self, kind: str) -> float:
         """Seconds jobs of ``kind`` have run so far (finished and running, summed)."""
