@@ -76,7 +76,7 @@ class _Sampler:
         self.same = max(self.samples) == min(self.samples)
         self.rng = np.random.default_rng(seed)
         self.block = block
-        self.idx: list[int] = []
+        self.drawn: list[float] = []  # the block's draws, as latencies
         self.at = 0
 
     def __call__(self, size: int) -> float:
@@ -84,10 +84,11 @@ class _Sampler:
             return self.samples[0] * size
         total = 0.0
         for _ in range(size):
-            if self.at == len(self.idx):
-                self.idx = self.rng.integers(0, len(self.samples), self.block).tolist()
+            if self.at == len(self.drawn):
+                idx = self.rng.integers(0, len(self.samples), self.block).tolist()
+                self.drawn = [self.samples[i] for i in idx]
                 self.at = 0
-            total += self.samples[self.idx[self.at]]
+            total += self.drawn[self.at]
             self.at += 1
         return total
 
@@ -180,6 +181,7 @@ def play(
     # the others would pick nothing, so only these are served at an event
     dirty: set[int] = set(range(len(reps)))
     waits: list[tuple[float, int]] = []  # (when, replica): batching timeouts set
+    waiting: set[tuple[float, int]] = set()  # the same, to set each once
 
     # what every job of a worker or a replica asks, made once
     sim_uses = [((p, costs.sim_busy),) for p in lay.sims]
@@ -190,43 +192,49 @@ def play(
 
     def start_workers() -> None:
         for w in sorted(startable):
-            unit, last = queues[w].popleft()
-            secs = draw(len(unit)) + costs.message_s
+            unit, _ = current[w] = queues[w].popleft()
+            job = sim_jobs[w]
+            job.work = draw(len(unit)) + costs.message_s
+            job.args = batch_args[len(unit)]
             working[w] = True
-            machine.add(
-                Job(
-                    secs,
-                    sim_uses[w],
-                    _stepped(w, unit, last),
-                    "sim",
-                    sim_tracks[w],
-                    batch_args[len(unit)],
-                )
-            )
+            machine.add(job)
         startable.clear()
 
-    def _stepped(w: int, unit: list[int], last: bool) -> Callable[[], None]:
+    def _stepped(w: int) -> Callable[[], None]:
         def fn() -> None:
             working[w] = False
             if queues[w]:
                 startable.add(w)
             rep = reps[replica_of[w]]
             dirty.add(replica_of[w])
+            unit, last = current[w]
             for e in unit:
                 stepped[e] += 1
+                if stepped[e] % t == 0:
+                    crossed[w] = True
                 rep.inbox.append(("ready", e))
-            if last:  # the Go is done: hand over every segment it completed
+            if last and crossed[w]:  # the Go is done: hand over every segment it completed
+                crossed[w] = False
                 was, parts[w] = parts[w], min(map(stepped.__getitem__, work.workers[w])) // t
                 if was == learner["parts"] != parts[w]:  # it may have held the minimum back
                     learner["parts"] = min(parts)
 
         return fn
 
-    def _acted(r: int, batch: list[int]) -> Callable[[], None]:
+    # an env worker steps one unit at a time: its one job object serves every unit in turn
+    current: list[tuple[list[int], bool]] = [([], False)] * len(work.workers)
+    sim_jobs = [
+        Job(0.0, sim_uses[w], _stepped(w), "sim", sim_tracks[w]) for w in range(len(work.workers))
+    ]
+    # whether one of a worker's envs has ended a segment since the worker last handed one over
+    crossed = [False] * len(work.workers)
+
+    def _acted(r: int) -> Callable[[], None]:
         def fn() -> None:
             rep = reps[r]
             rep.busy = False
             dirty.add(r)
+            batch = acting[r]
             per_worker: dict[int, list[int]] = {}
             for e in batch:
                 decided[e] += 1
@@ -243,6 +251,13 @@ def play(
                     startable.add(w)
 
         return fn
+
+    # a replica makes one call at a time: its one gen job object serves every call in turn
+    acting: list[list[int]] = [[] for _ in reps]  # the batch of each replica's call
+    gen_jobs = [
+        Job(0.0, lay.gens[r], _acted(r), "gen", gen_tracks[r], (), gen_loads[r])
+        for r in range(lay.replicas)
+    ]
 
     def _loaded(r: int, version: int) -> Callable[[], None]:
         def fn() -> None:
@@ -337,17 +352,10 @@ def play(
                 secs = costs.gen_s(len(batch), messages=units + workers)
                 if costs.offload_s > 0 and _ends_rollout(rep.served, batch, decided, t):
                     secs += costs.offload_s  # the rollout's last call drops the weights
-                machine.add(
-                    Job(
-                        secs,
-                        lay.gens[r],
-                        _acted(r, batch),
-                        "gen",
-                        gen_tracks[r],
-                        batch_args[len(batch)],
-                        gen_loads[r],
-                    )
-                )
+                acting[r] = batch
+                job = gen_jobs[r]
+                job.work, job.args = secs, batch_args[len(batch)]
+                machine.add(job)
                 return
             if rep.inbox:
                 msgs = list(rep.inbox)
@@ -356,18 +364,22 @@ def play(
                 continue
             if shape.step_level:  # wait out the oldest eligible env's batching timeout
                 gate = rep.gate
-                first = next((e for e in rep.ready if gate[e]), None)
-                if first is not None:
-                    at = rep.ready[first] + shape.batch_timeout_s
-                    machine.timer(at)
-                    heapq.heappush(waits, (at, r))
+                for e in rep.ready:
+                    if gate[e]:
+                        at = rep.ready[e] + shape.batch_timeout_s
+                        if (at, r) not in waiting:  # (a timeout set already fires once)
+                            waiting.add((at, r))
+                            machine.timer(at)
+                            heapq.heappush(waits, (at, r))
+                        break
             return
 
     def schedule() -> None:
         if startable:
             start_workers()
         while waits and waits[0][0] <= machine.now + 1e-12:
-            dirty.add(heapq.heappop(waits)[1])
+            waiting.discard(wait := heapq.heappop(waits))
+            dirty.add(wait[1])
         for r in sorted(dirty):
             if not reps[r].busy:
                 serve(r)
