@@ -252,13 +252,6 @@ class Machine:
         end = now + max(0.0, job.remaining) / rate
         heapq.heappush(self._finish, (end, seq, self._version[seq]))
 
-    def _next_pool(self) -> float:
-        """When the next single-pool job ends (stale entries dropped)."""
-        n, pools = self._next, self._by_index
-        while n and n[0][1] != pools[n[0][2]].version:
-            heapq.heappop(n)
-        return n[0][0] if n else math.inf
-
     def _next_multi(self) -> float:
         """When the next several-pool job ends (stale entries dropped)."""
         f = self._finish
@@ -279,9 +272,14 @@ class Machine:
             return False
         if self._moved:
             self._renext()
-        at = self._next_pool()
+        n, pools, moved = self._next, self._by_index, self._moved
+        while n and n[0][1] != pools[n[0][2]].version:  # stale
+            heapq.heappop(n)
+        at = n[0][0] if n else math.inf
         if self._multi:
-            at = min(at, self._next_multi())
+            multi = self._next_multi()
+            if multi < at:
+                at = multi
         if timers and timers[0] < at:
             at = timers[0]
         now = self.now
@@ -294,7 +292,6 @@ class Machine:
         while timers and timers[0] <= due:
             self._timer_set.discard(heapq.heappop(timers))
         finished: list[Job] = []
-        n, pools, moved = self._next, self._by_index, self._moved
         while n and n[0][0] <= due:
             _, version, index = heapq.heappop(n)
             pool = pools[index]
