@@ -17,7 +17,8 @@ beside a learner costs it nothing).
 
 Jobs in one pool all progress at the pool's speed, so the pool keeps a virtual clock (the work
 each of its jobs has done since it started) and a heap of the virtual times its jobs finish at:
-an event costs O(log jobs + pools), which keeps a 16-GPU, 512-env schedule within a second.
+an event costs O(log jobs + pools) (a 16-GPU, 512-env schedule at EBRL's step level, about
+200,000 events, plays in about 1.5 s on a shared 2-core VM).
 """
 
 from __future__ import annotations
