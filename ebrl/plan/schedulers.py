@@ -458,7 +458,9 @@ def plan_one(
         pred = searched
         plays = [play(s.costs, s.work, chosen, s.layout, updates, warmup, seeds[0])] if keep else []
     else:
-        plays = [play(s.costs, s.work, chosen, s.layout, updates, warmup, sd) for sd in seeds]
+        plays = [
+            play(s.costs, s.work, chosen, s.layout, updates, warmup, sd, spans=keep) for sd in seeds
+        ]
         pred = mean_prediction([p.prediction for p in plays])
     row = PlanRow(
         name,

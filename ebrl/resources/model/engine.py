@@ -76,7 +76,7 @@ class _Sampler:
         self.same = max(self.samples) == min(self.samples)
         self.rng = np.random.default_rng(seed)
         self.block = block
-        self.idx: list[int] = []
+        self.drawn: list[float] = []  # the block's draws, as latencies
         self.at = 0
 
     def __call__(self, size: int) -> float:
@@ -84,12 +84,28 @@ class _Sampler:
             return self.samples[0] * size
         total = 0.0
         for _ in range(size):
-            if self.at == len(self.idx):
-                self.idx = self.rng.integers(0, len(self.samples), self.block).tolist()
+            if self.at == len(self.drawn):
+                idx = self.rng.integers(0, len(self.samples), self.block).tolist()
+                self.drawn = [self.samples[i] for i in idx]
                 self.at = 0
-            total += self.samples[self.idx[self.at]]
+            total += self.drawn[self.at]
             self.at += 1
         return total
+
+
+class _Gate(dict[int, bool]):
+    """The staleness gate (:func:`admits`) of every env a replica serves, at the replica's
+    policy version: each answer computed once, then read as a dict lookup by :func:`pick`.
+    The answer depends on the segment an env's next decision lands in: the engine drops an
+    env's answer when that segment changes, and every answer when the version does."""
+
+    def __init__(self, decided: dict[int, int], t: int, k: int) -> None:
+        super().__init__()
+        self.decided, self.t, self.k, self.version = decided, t, k, 0
+
+    def __missing__(self, e: int) -> bool:
+        ok = self[e] = admits(self.decided[e], self.t, self.k, self.version)
+        return ok
 
 
 @dataclass
@@ -98,11 +114,18 @@ class _Replica:
 
     served: set[int]
     groups: list[list[int]]
+    gate: _Gate
     ready: OrderedDict[int, float] = field(default_factory=OrderedDict)
     inbox: deque[tuple[str, int]] = field(default_factory=deque)
     carry: list[tuple[str, int]] = field(default_factory=list)  # read, not yet handled
     version: int = 0
     busy: bool = False
+
+    def take(self, version: int) -> None:
+        """Act with policy ``version`` from now on."""
+        if version != self.version:
+            self.version = self.gate.version = version
+            self.gate.clear()
 
 
 def play(
@@ -113,8 +136,13 @@ def play(
     updates: int = 8,
     warmup: int = 2,
     seed: int = 0,
+    spans: bool = True,
 ) -> Played:
     """Play ``updates`` updates of the schedule; the figures are over those after ``warmup``.
+
+    Args:
+        spans: keep every stage call as a :class:`Span` (False: ``Played.spans`` is empty, the
+            figures the same).
 
     Raises:
         RuntimeError: the schedule stalls (nothing left to happen before ``updates`` updates).
@@ -130,15 +158,15 @@ def play(
     replica_of = lay.replica_of or replica_blocks(len(work.workers), lay.replicas)
     groups = split_groups(work.workers, shape.groups)
     m = max(1, min(shape.batch_min, n))
+    decided = dict.fromkeys(owner, 0)  # chunks acted for
     reps = []
     for r in range(lay.replicas):
         served = {e for e, w in owner.items() if replica_of[w] == r}
-        rep = _Replica(served, served_groups(groups, served))
+        rep = _Replica(served, served_groups(groups, served), _Gate(decided, t, k))
         for g in rep.groups:  # the first observations, group by group
             rep.ready.update((e, 0.0) for e in g)
         reps.append(rep)
     machine = Machine(lay.pools, lay.nominal)
-    decided = dict.fromkeys(owner, 0)  # chunks acted for
     stepped = dict.fromkeys(owner, 0)  # chunks simulated
     queues: list[deque[tuple[list[int], bool]]] = [deque() for _ in work.workers]
     startable: set[int] = set()  # idle env workers with a unit queued
@@ -153,58 +181,89 @@ def play(
     # the others would pick nothing, so only these are served at an event
     dirty: set[int] = set(range(len(reps)))
     waits: list[tuple[float, int]] = []  # (when, replica): batching timeouts set
+    waiting: set[tuple[float, int]] = set()  # the same, to set each once
 
-    def gen_loads(r: int) -> tuple[tuple[str, float], ...]:
-        return lay.gen_loads[r] if lay.gen_loads else ()
+    # what every job of a worker or a replica asks, made once
+    sim_uses = [((p, costs.sim_busy),) for p in lay.sims]
+    sim_tracks = [f"sim{w}" for w in range(len(work.workers))]
+    gen_loads = lay.gen_loads or ((),) * lay.replicas
+    gen_tracks = [gen_track(r) for r in range(lay.replicas)]
+    batch_args = [(("batch", b),) for b in range(n + 1)]
 
     def start_workers() -> None:
         for w in sorted(startable):
-            unit, last = queues[w].popleft()
-            secs = draw(len(unit)) + costs.message_s
+            unit, _ = current[w] = queues[w].popleft()
+            job = sim_jobs[w]
+            job.work = draw(len(unit)) + costs.message_s
+            job.args = batch_args[len(unit)]
             working[w] = True
-            uses = ((lay.sims[w], costs.sim_busy),)
-            machine.add(
-                Job(secs, uses, _stepped(w, unit, last), "sim", f"sim{w}", (("batch", len(unit)),))
-            )
+            machine.add(job)
         startable.clear()
 
-    def _stepped(w: int, unit: list[int], last: bool) -> Callable[[], None]:
+    def _stepped(w: int) -> Callable[[], None]:
         def fn() -> None:
             working[w] = False
             if queues[w]:
                 startable.add(w)
             rep = reps[replica_of[w]]
             dirty.add(replica_of[w])
+            unit, last = current[w]
             for e in unit:
                 stepped[e] += 1
+                if stepped[e] % t == 0:
+                    crossed[w] = True
                 rep.inbox.append(("ready", e))
-            if last:  # the Go is done: hand over every segment it completed
-                parts[w] = min(stepped[e] for e in work.workers[w]) // t
-                learner["parts"] = min(parts)
+            if last and crossed[w]:  # the Go is done: hand over every segment it completed
+                crossed[w] = False
+                was, parts[w] = parts[w], min(map(stepped.__getitem__, work.workers[w])) // t
+                if was == learner["parts"] != parts[w]:  # it may have held the minimum back
+                    learner["parts"] = min(parts)
 
         return fn
 
-    def _acted(r: int, batch: list[int]) -> Callable[[], None]:
+    # an env worker steps one unit at a time: its one job object serves every unit in turn
+    current: list[tuple[list[int], bool]] = [([], False)] * len(work.workers)
+    sim_jobs = [
+        Job(0.0, sim_uses[w], _stepped(w), "sim", sim_tracks[w]) for w in range(len(work.workers))
+    ]
+    # whether one of a worker's envs has ended a segment since the worker last handed one over
+    crossed = [False] * len(work.workers)
+
+    def _acted(r: int) -> Callable[[], None]:
         def fn() -> None:
-            reps[r].busy = False
+            rep = reps[r]
+            rep.busy = False
             dirty.add(r)
+            batch = acting[r]
             per_worker: dict[int, list[int]] = {}
             for e in batch:
                 decided[e] += 1
+                if decided[e] % t == 0:  # a new segment: the gate may answer otherwise
+                    rep.gate.pop(e, None)
                 per_worker.setdefault(owner[e], []).append(e)
             for w, ids in per_worker.items():  # one Go per env worker
-                units = [[e] for e in ids] if shape.step_level else [ids]
-                queues[w].extend((u, i == len(units) - 1) for i, u in enumerate(units))
+                if shape.step_level:  # env by env, the Go done with the last
+                    queues[w].extend([([e], False) for e in ids[:-1]])
+                    queues[w].append(([ids[-1]], True))
+                else:
+                    queues[w].append((ids, True))
                 if not working[w]:
                     startable.add(w)
 
         return fn
 
+    # a replica makes one call at a time: its one gen job object serves every call in turn
+    acting: list[list[int]] = [[] for _ in reps]  # the batch of each replica's call
+    gen_jobs = [
+        Job(0.0, lay.gens[r], _acted(r), "gen", gen_tracks[r], (), gen_loads[r])
+        for r in range(lay.replicas)
+    ]
+
     def _loaded(r: int, version: int) -> Callable[[], None]:
         def fn() -> None:
             reps[r].busy = False
             dirty.add(r)
-            reps[r].version = max(reps[r].version, version)
+            reps[r].take(max(reps[r].version, version))
 
         return fn
 
@@ -248,13 +307,13 @@ def play(
                             lay.gens[r],
                             _loaded(r, learner["version"]),
                             "load",
-                            gen_track(r),
+                            gen_tracks[r],
                             (("version", x),),
-                            gen_loads(r),
+                            gen_loads[r],
                         )
                     )
                     return
-                rep.version = learner["version"]  # the board holds the newest
+                rep.take(learner["version"])  # the board holds the newest
 
     def serve(r: int) -> None:
         """Replica ``r``'s loop (``GenWorker._loop``) from where it stands, at this instant."""
@@ -263,9 +322,10 @@ def play(
             msgs, rep.carry = rep.carry, []
             read(r, msgs)
         while not rep.busy:
-            batch = pick(
+            # nothing ready: nothing to pick (the rule returns no batch without a ready env)
+            batch = rep.ready and pick(
                 rep.ready,
-                lambda e: admits(decided[e], t, k, rep.version),
+                rep.gate.__getitem__,
                 rep.groups,
                 shape.step_level,
                 m,
@@ -282,27 +342,20 @@ def play(
                 counts["batches"] += 1
                 counts["envs"] += len(batch)
                 events.append(
-                    ("gen", r, tuple(batch), rep.version, tuple(decided[e] // t for e in batch))
+                    ("gen", r, tuple(batch), rep.version, tuple([decided[e] // t for e in batch]))
                 )
                 # the engine's own work: a Ready read per unit the batch came in (one per env
                 # at the step level, one per env worker's share in lock step), a Go sent per
                 # env worker it acted for
-                workers = len({owner[e] for e in batch})
+                workers = len(set(map(owner.__getitem__, batch)))
                 units = len(batch) if shape.step_level else workers
                 secs = costs.gen_s(len(batch), messages=units + workers)
                 if costs.offload_s > 0 and _ends_rollout(rep.served, batch, decided, t):
                     secs += costs.offload_s  # the rollout's last call drops the weights
-                machine.add(
-                    Job(
-                        secs,
-                        lay.gens[r],
-                        _acted(r, batch),
-                        "gen",
-                        gen_track(r),
-                        (("batch", len(batch)),),
-                        gen_loads(r),
-                    )
-                )
+                acting[r] = batch
+                job = gen_jobs[r]
+                job.work, job.args = secs, batch_args[len(batch)]
+                machine.add(job)
                 return
             if rep.inbox:
                 msgs = list(rep.inbox)
@@ -310,18 +363,23 @@ def play(
                 read(r, msgs)
                 continue
             if shape.step_level:  # wait out the oldest eligible env's batching timeout
-                ok = [e for e in rep.ready if admits(decided[e], t, k, rep.version)]
-                if ok:
-                    at = rep.ready[ok[0]] + shape.batch_timeout_s
-                    machine.timer(at)
-                    heapq.heappush(waits, (at, r))
+                gate = rep.gate
+                for e in rep.ready:
+                    if gate[e]:
+                        at = rep.ready[e] + shape.batch_timeout_s
+                        if (at, r) not in waiting:  # (a timeout set already fires once)
+                            waiting.add((at, r))
+                            machine.timer(at)
+                            heapq.heappush(waits, (at, r))
+                        break
             return
 
     def schedule() -> None:
         if startable:
             start_workers()
         while waits and waits[0][0] <= machine.now + 1e-12:
-            dirty.add(heapq.heappop(waits)[1])
+            waiting.discard(wait := heapq.heappop(waits))
+            dirty.add(wait[1])
         for r in sorted(dirty):
             if not reps[r].busy:
                 serve(r)
@@ -347,7 +405,10 @@ def play(
         if not machine.advance():
             raise RuntimeError(f"the modelled schedule stalled at {shape.describe()}")
         schedule()  # a timer may have fired
-    return _result(machine, costs, work, shape, lay, warmup, done_at, hist, events, counts)
+    played = _result(machine, costs, work, shape, lay, warmup, done_at, hist, events, counts)
+    if spans:
+        played.spans = machine.spans
+    return played
 
 
 def _ends_rollout(served: set[int], batch: list[int], decided: dict[int, int], t: int) -> bool:
@@ -375,10 +436,13 @@ def _result(
     steps = (updates - warmup) * work.env_steps_per_update
     lanes = {"sim": len(work.workers), "gen": lay.replicas, "load": lay.replicas}
     busy: dict[str, float] = {}
-    for s in machine.spans:
-        lo, hi = max(s.start, t0), min(s.end, t1)
+    done = {"gen": 0, "train": 0}  # seconds of the finished calls, summed in the order they ended
+    for stage, _, start, end, _ in machine.records:
+        lo, hi = max(start, t0), min(end, t1)
         if hi > lo:
-            busy[s.stage] = busy.get(s.stage, 0.0) + hi - lo
+            busy[stage] = busy.get(stage, 0.0) + hi - lo
+        if stage in done:
+            done[stage] += end - start
     for j in machine.running:  # a job still running at the last update
         lo = max(j.start, t0)
         if t1 > lo:
@@ -394,8 +458,8 @@ def _result(
     pred = Prediction(
         shape=shape,
         throughput=steps / span if span > 0 else float("inf"),
-        gen_busy=machine.busy("gen") / now / lay.replicas,
-        train_busy=machine.busy("train") / now,
+        gen_busy=(done["gen"] + _running_s(machine, "gen")) / now / lay.replicas,
+        train_busy=(done["train"] + _running_s(machine, "train")) / now,
         mean_batch=counts["envs"] / max(1, counts["batches"]),
         bubble=machine.idle / now,
         update_s=span / per_update,
@@ -403,7 +467,12 @@ def _result(
         stage_busy={s: b / per_update for s, b in busy.items()},
         stage_util={s: b / (lanes.get(s, 1) * span) for s, b in busy.items()} if span > 0 else {},
     )
-    return Played(pred, machine.spans, events, steady, done_at, (t0, t1))
+    return Played(pred, [], events, steady, done_at, (t0, t1))
+
+
+def _running_s(machine: Machine, kind: str) -> float:
+    """Seconds the running jobs of ``kind`` have run so far (``Machine.busy``'s second part)."""
+    return sum(machine.now - j.start for j in machine.running if j.kind == kind)
 
 
 def simulate(
@@ -416,4 +485,4 @@ def simulate(
     layout: Layout | None = None,
 ) -> Prediction:
     """Play ``updates`` updates of the schedule; the figures are over those after ``warmup``."""
-    return play(costs, work, shape, layout, updates, warmup, seed).prediction
+    return play(costs, work, shape, layout, updates, warmup, seed, spans=False).prediction
