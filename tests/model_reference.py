@@ -3,7 +3,9 @@
 reference ``tests/test_plan_speed.py`` holds the model's figures and schedules to, bit for bit.
 
 The rules (``ebrl.resources.model.rules``) and the types are the package's own: only the
-machine and the engine's loop are kept here. Nothing else imports this module.
+machine and the engine's loop are kept here. Nothing else imports this module. A change meant
+to alter the model's answers (not only its speed) retires this reference and its test; the
+planner's validation (``benchmarks/plan_validation.py``) then says what the change did.
 """
 
 # ruff: noqa
