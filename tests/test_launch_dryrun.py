@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -10,6 +11,19 @@ from ebrl import launch
 
 #: the headline sweep narrowed to one policy/simulator/scheduler: its two GPU types remain
 HEADLINE = ["headline_full", "policy=pi0", "simulator=libero", "scheduler=ebrl"]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def checkpoints():
+    """The paper's VLAs read their checkpoints from local directories: here under /ckpt
+    (``${ebrl.checkpoint:...}``; a Slurm node's paths are not checked from here)."""
+    old = os.environ.get("EBRL_CHECKPOINTS")
+    os.environ["EBRL_CHECKPOINTS"] = "/ckpt"
+    yield
+    if old is None:
+        os.environ.pop("EBRL_CHECKPOINTS")
+    else:
+        os.environ["EBRL_CHECKPOINTS"] = old
 
 
 def dry_run(capsys, *args: str) -> tuple[int, str]:
@@ -99,6 +113,24 @@ def test_a_job_that_cannot_run_is_reported_not_submitted(capsys):
     )
     assert code == 1
     assert "fail validation" in out and "policy=dreamzero" in out and "GiB" in out
+
+
+def test_every_paper_policy_without_its_checkpoint_is_reported_per_job(capsys, monkeypatch):
+    """headline_full's four VLAs, checked against the Slurm node each job runs on: without
+    EBRL_CHECKPOINTS (or a model_path) each names its checkpoint and how to get it."""
+    monkeypatch.delenv("EBRL_CHECKPOINTS")
+    code, out = dry_run(
+        capsys, "headline_full", "simulator=libero", "scheduler=ebrl", "seed=0", "gpu=h100"
+    )
+    assert code == 1 and "fail validation" in out
+    for policy, hub in (
+        ("pi0", "RLinf/RLinf-Pi0-LIBERO-Spatial-Object-Goal-SFT"),
+        ("gr00t", "RLinf/RLinf-Gr00t-SFT-Spatial"),
+        ("openvla_oft", "RLinf/Openvla-oft-SFT-libero10-trajall"),
+        ("dreamzero", "GEAR-Dreams/DreamZero-DROID"),
+    ):
+        assert f"policy={policy}: its checkpoint {hub} is not given" in out, policy
+        assert f"huggingface-cli download {hub} --local-dir" in out
 
 
 def test_cpu_sweep_runs_here(capsys):
