@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 
 import pytest
 
@@ -11,19 +10,6 @@ from ebrl import launch
 
 #: the headline sweep narrowed to one policy/simulator/scheduler: its two GPU types remain
 HEADLINE = ["headline_full", "policy=pi0", "simulator=libero", "scheduler=ebrl"]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def checkpoints():
-    """The paper's VLAs read their checkpoints from local directories: here under /ckpt
-    (``${ebrl.checkpoint:...}``; a Slurm node's paths are not checked from here)."""
-    old = os.environ.get("EBRL_CHECKPOINTS")
-    os.environ["EBRL_CHECKPOINTS"] = "/ckpt"
-    yield
-    if old is None:
-        os.environ.pop("EBRL_CHECKPOINTS")
-    else:
-        os.environ["EBRL_CHECKPOINTS"] = old
 
 
 def dry_run(capsys, *args: str) -> tuple[int, str]:

@@ -172,6 +172,7 @@ def test_gpu_policy_target_raises_clearly_on_cpu(monkeypatch):
 def test_gpu_policy_target_never_pretends_on_a_gpu(monkeypatch):
     """On a GPU, the build names the package, then the checkpoint, before RLinf builds
     anything (with both, RLinf's registry builds it: tests/test_vla_configs.py)."""
+    monkeypatch.delenv("EBRL_CHECKPOINTS", raising=False)
     cfg = make_cfg(["policy=pi0", "chunk_size=5"])
     monkeypatch.setattr(external, "local_machine", lambda: machine(gpus=["NVIDIA H100"]))
     err = build_error(cfg.policy)

@@ -49,6 +49,12 @@ BASE = {"mani_skill": "/site/mani_skill", "libero": "/site/libero", "rlinf": "/s
 HAVE_OPENPI = all(importlib.util.find_spec(m) is not None for m in ("rlinf", "openpi"))
 
 
+@pytest.fixture(autouse=True)
+def _no_checkpoints_folder(monkeypatch):
+    """Checkpoints not given unless a test gives them (conftest names /ckpt for the sweeps)."""
+    monkeypatch.delenv("EBRL_CHECKPOINTS", raising=False)
+
+
 def node_machine(policy: str, *, gpu: bool = True, package: bool = True, paths=None):
     pkg = PAPER[policy][1]
     return MachineFacts(
