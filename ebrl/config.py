@@ -622,33 +622,35 @@ class LauncherNode:
 
 
 @dataclass
-class GPUPolicyNode:
-    """A large VLA that runs only on NVIDIA GPUs, through RLinf (``conf/policy/pi0.yaml`` ...).
+class VLAPolicyNode(RLinfPolicyNode):
+    """One of the paper's VLAs (``conf/policy/{pi0,pi05,openvla_oft,gr00t,dreamzero}.yaml``),
+    built by RLinf's own model code through :class:`~ebrl.policies.rlinf_policy.RLinfPolicy`
+    (``model_type`` and ``model_cfg`` as RLinf's configs name them), full size, on GPUs only.
 
-    Its ``_target_`` never pretends: built without a GPU, or without its package, it raises an
-    error that says so (``ebrl.external.GPUPolicy``).
+    validate() and the build (``ebrl.external.vla_preflight``) refuse it, naming the fix, without
+    a GPU, without its package, or without its checkpoint in a local directory.
     """
 
-    _target_: str = "ebrl.external.GPUPolicy"
     name: str = MISSING
     description: str = ""
     #: parameters, billions
     params_b: float = MISSING
     #: actions the env executes per policy call (RLinf's num_action_chunks); set chunk_size to it
     action_chunk: int = MISSING
-    #: the network's own action horizon (may exceed action_chunk)
-    model_horizon: int = MISSING
     action_dim: int = 7
+    #: camera images' side, pixels (what its checkpoint was trained on)
+    image_size: int = 224
     requires_gpu: bool = True
     #: device memory one GPU needs to train it (8-way FSDP, bf16), GiB; an estimate
     min_gpu_memory_gib: float = 24.0
-    #: the Python package (import name) that implements it, and how to get it
     package: str = MISSING
-    install: str = ""
-    #: RLinf's name for it (actor.model.model_name)
+    #: RLinf's model config file for it (examples/embodiment/config/model/<this>.yaml), which
+    #: baselines/rlinf/translate.py names
     rlinf_model: str = ""
-    #: a public checkpoint
-    checkpoint: str = ""
+    #: the public checkpoint ``model_cfg.model_path`` is downloaded from (a hub id)
+    checkpoint: str = MISSING
+    #: more ``model_cfg`` directories it reads: key -> hub id (DreamZero's tokenizer)
+    more_checkpoints: dict[str, str] = field(default_factory=dict)
 
 
 #: packages the CPU simulators need: node type -> (import name, how to install)
@@ -739,6 +741,11 @@ def check_machine(run: RunConfig, machine: MachineFacts) -> None:
     pol = run.policy
     if isinstance(pol, RLinfPolicyNode):
         _need_package(machine, "policy", pol.name, pol.package, pol.install)
+    if isinstance(pol, VLAPolicyNode):
+        from ebrl.external import checkpoint_problem
+
+        problem = checkpoint_problem(pol, machine.path_exists, machine.where)
+        _check(problem is None, str(problem))
     sim = run.simulator
     package, install = _SIM_PACKAGES.get(type(sim), (getattr(sim, "package", None), ""))
     install = getattr(sim, "install", "") or install
@@ -779,7 +786,7 @@ def check_machine(run: RunConfig, machine: MachineFacts) -> None:
 def check_issue6_values(run: RunConfig) -> None:
     """Value checks of the gpu/resources/launcher groups and GPU policies (no machine needed)."""
     res, lau, gpu = run.resources, run.launcher, run.gpu
-    if isinstance(run.policy, GPUPolicyNode):
+    if isinstance(run.policy, VLAPolicyNode):
         _check(
             run.chunk_size == run.policy.action_chunk,
             f"chunk_size={run.chunk_size}, but policy={run.policy.name} executes "
@@ -836,7 +843,7 @@ _SCHEMAS_ISSUE6: list[tuple[str, str, type]] = [
     ("gpu", "gpu_schema", GPUNode),
     ("resources", "resources_schema", ResourcesNode),
     ("launcher", "launcher_schema", LauncherNode),
-    ("policy", "gpu_policy_schema", GPUPolicyNode),
+    ("policy", "vla_policy_schema", VLAPolicyNode),
 ]
 
 
@@ -856,6 +863,13 @@ def _libero_max_steps(suite: Any) -> int:
     from ebrl.envs.libero import max_steps_of
 
     return max_steps_of(suite)
+
+
+def _checkpoint_dir(hub_id: str) -> str | None:
+    """``${ebrl.checkpoint:<hub id>}``: ``$EBRL_CHECKPOINTS/<the id's last part>``, or None."""
+    from ebrl.external import checkpoint_dir
+
+    return checkpoint_dir(hub_id)
 
 
 def _none_if_zero(value: Any) -> Any:
@@ -1062,6 +1076,7 @@ def register() -> None:
     OmegaConf.register_new_resolver("ebrl.sbatch_extra", _sbatch_extra, replace=True)
     OmegaConf.register_new_resolver("ebrl.none_if_zero", _none_if_zero, replace=True)
     OmegaConf.register_new_resolver("ebrl.libero_max_steps", _libero_max_steps, replace=True)
+    OmegaConf.register_new_resolver("ebrl.checkpoint", _checkpoint_dir, replace=True)
 
 
 def schemas() -> list[tuple[str, str, type]]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -45,3 +46,18 @@ TINY = [
 @pytest.fixture
 def tiny_cfg(tmp_path):
     return lambda extra=(): make_cfg(TINY + list(extra), tmp_path)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _checkpoints_folder():
+    """The paper's VLAs (conf/policy/pi0.yaml ...) read their checkpoints from local
+    directories, ``$EBRL_CHECKPOINTS/<name>`` unless given: the full-size sweeps' jobs name
+    them under /ckpt (a Slurm node's paths are not checked from here). Tests of a missing
+    checkpoint unset it (tests/test_vla_configs.py)."""
+    old = os.environ.get("EBRL_CHECKPOINTS")
+    os.environ["EBRL_CHECKPOINTS"] = "/ckpt"
+    yield
+    if old is None:
+        os.environ.pop("EBRL_CHECKPOINTS", None)
+    else:
+        os.environ["EBRL_CHECKPOINTS"] = old

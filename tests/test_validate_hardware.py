@@ -36,8 +36,14 @@ def machine(gpus=(), cuda=None, packages=PKGS, paths=(), env=None) -> MachineFac
 
 
 CPU = machine()
-H100 = machine(gpus=["NVIDIA H100 80GB HBM3"] * 8)
-GPU = ["gpu=h100", "chunk_size=5"]  # pi0 executes 5 actions per call
+#: an 8-GPU node with openpi and pi0's checkpoint (policy.model_cfg.model_path=/ckpt/pi0)
+H100 = machine(
+    gpus=["NVIDIA H100 80GB HBM3"] * 8,
+    packages={**PKGS, "openpi": "/site/openpi"},
+    paths=["/ckpt/pi0"],
+)
+# pi0 executes 5 actions per call, from a local checkpoint
+GPU = ["gpu=h100", "chunk_size=5", "policy.model_cfg.model_path=/ckpt/pi0"]
 
 
 def refused(overrides, on, *words):
@@ -80,7 +86,8 @@ def test_gpu_torch_cannot_use_asks_for_cuda_torch():
 
 
 def test_policy_chunk_must_match_its_action_chunk():
-    refused(["policy=pi0", "gpu=h100", "chunk_size=4"], H100, "chunk_size=4", "5 actions")
+    ckpt = "policy.model_cfg.model_path=/ckpt/pi0"
+    refused(["policy=pi0", "gpu=h100", "chunk_size=4", ckpt], H100, "chunk_size=4", "5 actions")
 
 
 def test_model_too_large_for_the_gpu():
@@ -163,14 +170,19 @@ def test_gpu_policy_target_raises_clearly_on_cpu(monkeypatch):
 
 
 def test_gpu_policy_target_never_pretends_on_a_gpu(monkeypatch):
+    """On a GPU, the build names the package, then the checkpoint, before RLinf builds
+    anything (with both, RLinf's registry builds it: tests/test_vla_configs.py)."""
+    monkeypatch.delenv("EBRL_CHECKPOINTS", raising=False)
     cfg = make_cfg(["policy=pi0", "chunk_size=5"])
     monkeypatch.setattr(external, "local_machine", lambda: machine(gpus=["NVIDIA H100"]))
     err = build_error(cfg.policy)
     assert isinstance(err, external.UnavailableHere) and "'openpi'" in str(err)
+    assert "install.sh embodied --model openpi" in str(err)
     gpu_with_pkg = machine(gpus=["NVIDIA H100"], packages={"openpi": "/x"})
     monkeypatch.setattr(external, "local_machine", lambda: gpu_with_pkg)
     err = build_error(cfg.policy)
-    assert isinstance(err, NotImplementedError) and "RLinf" in str(err)
+    assert isinstance(err, external.UnavailableHere)
+    assert "RLinf/RLinf-Pi0-LIBERO-Spatial-Object-Goal-SFT is not given" in str(err)
 
 
 def test_the_paper_simulators_build_through_rlinfs_classes_and_say_what_is_missing():

@@ -111,14 +111,15 @@ def write_assets(
     prompts: Sequence[str] = ("do the task",),
     state_mean: np.ndarray | None = None,
     state_std: np.ndarray | None = None,
+    asset_id: str = ASSET_ID,
 ) -> pathlib.Path:
     """What RLinf's openpi builder reads, written offline.
 
     ``model_path``: ``model.safetensors`` with no tensors (RLinf loads it with strict=False: the
     model keeps its random init) unless a weights file is there already, and the norm stats of
-    the state and the actions (mean 0, std 1 unless given: the identity). ``data_home``: a
-    tokenizer trained on ``prompts`` where openpi's download cache finds it. Returns
-    ``model_path``."""
+    the state and the actions (mean 0, std 1 unless given: the identity) under ``asset_id``.
+    ``data_home``: a tokenizer trained on ``prompts`` where openpi's download cache finds it.
+    Returns ``model_path``."""
     import safetensors.torch
     from openpi.shared import normalize
 
@@ -135,7 +136,7 @@ def write_assets(
         mean=pad(state_mean, zeros), std=pad(state_std, ones), q01=-ones, q99=ones
     )
     actions = normalize.NormStats(mean=zeros, std=ones, q01=-ones, q99=ones)
-    normalize.save(root / ASSET_ID, {"state": state, "actions": actions})
+    normalize.save(root / asset_id, {"state": state, "actions": actions})
     has_weights = any(root.glob("*.safetensors")) or (root / "model_state_dict").exists()
     if not has_weights:
         safetensors.torch.save_file({}, str(root / "model.safetensors"))
@@ -200,17 +201,68 @@ def model_sizes(sizes: Mapping[str, Mapping[str, int]]) -> Iterator[None]:
         yield
 
 
+def asset_id(config_name: str, model_path: str) -> str:
+    """The asset id RLinf's openpi builder reads a checkpoint's norm stats under
+    (``<model_path>/<asset id>/norm_stats.json``) for openpi dataconfig ``config_name``
+    (``physical-intelligence/libero`` for ``pi0_libero`` and ``pi05_libero``)."""
+    from rlinf.models.embodiment.openpi.dataconfig import get_openpi_config
+
+    data = get_openpi_config(config_name, model_path=model_path).data
+    return str(data.assets.asset_id or data.repo_id)
+
+
+def tokenizer_path() -> pathlib.Path:
+    """Where openpi's download cache holds the PaliGemma tokenizer (``$OPENPI_DATA_HOME``,
+    default ``~/.cache/openpi``): a real checkpoint's run reads it there, offline."""
+    home = os.environ.get("OPENPI_DATA_HOME", "~/.cache/openpi")
+    return pathlib.Path(home).expanduser() / TOKENIZER
+
+
+def check_checkpoint(model_path: str, config_name: str) -> None:
+    """What a real pi0 / pi0.5 run (``sizes: null``) reads before RLinf builds it, offline: the
+    checkpoint directory, its norm stats under the dataconfig's asset id, and the PaliGemma
+    tokenizer in openpi's cache. Nothing is written: a real checkpoint keeps its own stats.
+
+    Raises:
+        FileNotFoundError: naming the missing file and where to get it.
+    """
+    root = pathlib.Path(model_path)
+    if not root.is_dir():
+        raise FileNotFoundError(
+            f"openpi checkpoint {model_path} is not a directory: download it (huggingface-cli "
+            "download <its hub id> --local-dir <dir>) and set policy.model_cfg.model_path"
+        )
+    stats = root / asset_id(config_name, str(root)) / "norm_stats.json"
+    if not stats.exists():
+        raise FileNotFoundError(
+            f"openpi checkpoint {model_path} has no norm stats for dataconfig {config_name!r} "
+            f"({stats} is missing): use the checkpoint trained with that dataconfig, or set "
+            "policy.model_cfg.openpi.config_name to its own"
+        )
+    tok = tokenizer_path()
+    if not tok.exists():
+        raise FileNotFoundError(
+            f"openpi reads the PaliGemma tokenizer from {tok}, which is missing (compute nodes "
+            "do not download): copy gs://big_vision/paligemma_tokenizer.model there "
+            "(gsutil cp, or from another openpi cache), or set OPENPI_DATA_HOME to a cache "
+            "that has it"
+        )
+
+
 def get_model(cfg: Any) -> Any:
     """RLinf's ``get_model`` for ``cfg`` (RLinf's ``actor.model`` node with
     ``model_type: openpi``), offline.
 
-    ``cfg.sizes`` (default :data:`TINY`; null: openpi's own variants as ``cfg.openpi`` names
-    them): the sizes :func:`model_sizes` builds at. ``cfg.model_path`` (null: a temporary
-    directory): the checkpoint directory; its assets are written by :func:`write_assets`
-    unless its norm stats exist already. ``cfg.prompts``: the instructions the tokenizer is
-    trained on. ``cfg.openpi`` is RLinf's override of openpi's model config; the chunk
-    (``action_chunk``, ``action_horizon``), the env's action size (``action_env_dim``) and
-    ``add_value_head`` are filled from ebrl's node where absent."""
+    ``cfg.sizes`` (default :data:`TINY`): the sizes :func:`model_sizes` builds at, from random
+    weights, with the assets :func:`write_assets` writes (norm stats into ``cfg.model_path``
+    unless it has them, a tokenizer trained on ``cfg.prompts`` in a scratch cache). ``sizes:
+    null``: openpi's own variants as ``cfg.openpi`` names them, a real checkpoint
+    (``cfg.model_path``, required) read as it is (:func:`check_checkpoint`: nothing written),
+    openpi's own tokenizer. ``cfg.openpi`` is RLinf's override of openpi's model config
+    (``config_name``: the dataconfig, default :data:`CONFIG_NAME`); the executed chunk
+    (``action_chunk``), the env's action size (``action_env_dim``) and ``add_value_head`` are
+    filled from ebrl's node where absent, and the model's horizon (``action_horizon``) too at
+    test sizes (a checkpoint keeps its own: 50 for pi0, 10 for pi0.5)."""
     from omegaconf import OmegaConf
     from rlinf.models import get_model as rlinf_get_model
 
@@ -221,25 +273,32 @@ def get_model(cfg: Any) -> Any:
     openpi = {
         "config_name": CONFIG_NAME,
         "action_chunk": k,
-        "action_horizon": k,
         "action_env_dim": int(node["action_dim"]),
         "add_value_head": bool(node.get("add_value_head", True)),
+        **({"action_horizon": k} if sizes is not None else {}),
         **(node.get("openpi") or {}),
     }
-    if sizes is not None:
-        openpi.update(paligemma_variant=VLM_VARIANT, action_expert_variant=EXPERT_VARIANT)
     node["openpi"] = openpi
+    if sizes is None:  # a real checkpoint: read, never written
+        if not node.get("model_path"):
+            raise ValueError(
+                "openpi at its real sizes (sizes: null) needs a checkpoint: set "
+                "policy.model_cfg.model_path to its local directory"
+            )
+        check_checkpoint(str(node["model_path"]), str(openpi["config_name"]))
+        return rlinf_get_model(OmegaConf.create(node))
+    openpi.update(paligemma_variant=VLM_VARIANT, action_expert_variant=EXPERT_VARIANT)
     with contextlib.ExitStack() as stack:
         scratch = pathlib.Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="openpi-")))
         model_path = pathlib.Path(node.get("model_path") or scratch / "checkpoint")
         node["model_path"] = str(model_path)
-        if not (model_path / ASSET_ID / "norm_stats.json").exists():
-            write_assets(model_path, scratch, prompts=prompts)
+        asset = asset_id(str(openpi["config_name"]), str(model_path))
+        if not (model_path / asset / "norm_stats.json").exists():
+            write_assets(model_path, scratch, prompts=prompts, asset_id=asset)
         else:  # the tokenizer only
-            write_assets(scratch / "unused", scratch, prompts=prompts)
+            write_assets(scratch / "unused", scratch, prompts=prompts, asset_id=asset)
         stack.enter_context(_environ("OPENPI_DATA_HOME", str(scratch)))
-        if sizes is not None:
-            stack.enter_context(model_sizes(sizes))
+        stack.enter_context(model_sizes(sizes))
         return rlinf_get_model(OmegaConf.create(node))
 
 

@@ -130,9 +130,12 @@ class RLinfPolicy(Policy):
         model_cfg: the rest of RLinf's ``actor.model`` node for it (``precision`` defaults to
             fp32, ``is_lora`` to false, ``add_value_head`` to true: PPO needs a critic).
         registry: another ``get_model`` (a dotted path or a callable; the tests' fake).
-        **_node: the rest of the config node (name, package, install).
+        **_node: the rest of the config node (name, package, install; a VLA's
+            ``requires_gpu``, checkpoint and the rest of ``vla_policy_schema``).
 
     Raises:
+        UnavailableHere: a VLA node (``requires_gpu``) on a machine without a usable GPU, its
+            package or its checkpoint directories (``ebrl.external.vla_preflight``).
         RuntimeError: RLinf is missing, the registry builds nothing for ``model_type``, its
             chunks are not ``[B, K, A]``, or its rollout hands the learner something other than
             per-decision tensors.
@@ -150,6 +153,10 @@ class RLinfPolicy(Policy):
         super().__init__(spec)
         from omegaconf import OmegaConf
 
+        if _node.get("requires_gpu"):  # one of the paper's VLAs (conf/policy/pi0.yaml ...)
+            from ebrl.external import vla_preflight
+
+            vla_preflight({**_node, "model_type": model_type, "model_cfg": model_cfg or {}})
         get_model = rlinf_models(registry)
         self.layout = spec.obs_layout()
         given = (
