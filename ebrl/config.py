@@ -651,6 +651,9 @@ class VLAPolicyNode(RLinfPolicyNode):
     checkpoint: str = MISSING
     #: more ``model_cfg`` directories it reads: key -> hub id (DreamZero's tokenizer)
     more_checkpoints: dict[str, str] = field(default_factory=dict)
+    #: why ebrl's learner cannot train it with the RLinf it targets ("" where it can):
+    #: validate() refuses the run before any work starts
+    untrainable: str = ""
 
 
 #: packages the CPU simulators need: node type -> (import name, how to install)
@@ -787,6 +790,10 @@ def check_issue6_values(run: RunConfig) -> None:
     """Value checks of the gpu/resources/launcher groups and GPU policies (no machine needed)."""
     res, lau, gpu = run.resources, run.launcher, run.gpu
     if isinstance(run.policy, VLAPolicyNode):
+        _check(
+            not run.policy.untrainable,
+            f"policy={run.policy.name} cannot be trained by ebrl: {run.policy.untrainable}",
+        )
         _check(
             run.chunk_size == run.policy.action_chunk,
             f"chunk_size={run.chunk_size}, but policy={run.policy.name} executes "

@@ -69,10 +69,24 @@ def node_machine(policy: str, *, gpu: bool = True, package: bool = True, paths=N
 
 
 def overrides(policy: str, *more: str) -> list[str]:
+    """A GPU job of ``policy``; DreamZero's other checks are reached by clearing its
+    ``untrainable`` (what refuses it first: :func:`test_dreamzero_is_refused_for_training`)."""
     out = [f"policy={policy}", "chunk_size=${policy.action_chunk}", "gpu=h100", *more]
     if policy == "dreamzero":
-        out.append("policy.model_cfg.tokenizer_path=/ckpt/tok")
+        out += ["policy.model_cfg.tokenizer_path=/ckpt/tok", "policy.untrainable=''"]
     return out
+
+
+def test_dreamzero_is_refused_for_training_before_anything_else():
+    """RLinf 0.3's DreamZeroPolicy has no training forward: the job is refused at validation,
+    on a node that has everything else, naming why and what to run instead."""
+    job = ["policy=dreamzero", "chunk_size=16", "gpu=h100"]
+    job += ["policy.model_cfg.model_path=/ckpt/m", "policy.model_cfg.tokenizer_path=/ckpt/tok"]
+    with pytest.raises(ConfigError) as e:
+        validate(make_cfg(job), machine=node_machine("dreamzero"))
+    msg = str(e.value)
+    assert "policy=dreamzero cannot be trained by ebrl" in msg
+    assert "default_forward raises NotImplementedError" in msg and "policy=pi0,gr00t" in msg
 
 
 def refused(policy: str, on: MachineFacts, *more: str) -> str:
@@ -110,7 +124,7 @@ def test_each_paper_policy_names_what_is_missing(policy, monkeypatch):
     # no GPU: gpu=cpu is refused by name
     with pytest.raises(ConfigError, match=rf"policy={policy} runs only on an NVIDIA GPU"):
         validate(
-            make_cfg([f"policy={policy}", "chunk_size=${policy.action_chunk}"]),
+            make_cfg([*overrides(policy)[:2], *overrides(policy)[4:]]),  # gpu=cpu
             machine=node_machine(policy, gpu=False),
         )
     # no package: RLinf's installer for it
@@ -144,6 +158,7 @@ def test_dreamzero_needs_its_tokenizer_directory_too():
                     "chunk_size=16",
                     "gpu=h100",
                     "policy.model_cfg.model_path=/ckpt/m",
+                    "policy.untrainable=''",
                 ]
             ),
             machine=on,
