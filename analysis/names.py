@@ -37,6 +37,8 @@ POLICIES = {
     "transformer_m": "Transformer-M (VLA-shaped)",
     "transformer_l": "Transformer-L (VLA-shaped)",
     "pi0": "π0",
+    "pi05": "π0.5",
+    "pi0_tiny": "π0 (tiny, CPU)",
     "gr00t": "GR00T N1.5",
     "openvla_oft": "OpenVLA-OFT",
     "dreamzero": "DreamZero",
