@@ -142,12 +142,12 @@ OPENPI_STAMP := $(OPENPI_VENV)/.ebrl-openpi-installed
 $(OPENPI_STAMP): pyproject.toml constraints.txt
 	@test -x $(OPENPI_VENV)/bin/python || $(PYTHON) -m venv $(OPENPI_VENV)
 	$(OPENPI_VENV)/bin/python -m pip install -q -c constraints.txt torch==2.13.0
-	$(OPENPI_VENV)/bin/python -m pip install -q -c constraints.txt -e '.[dev]'
+	$(OPENPI_VENV)/bin/python -m pip install -q -c constraints.txt -e '.[dev,sim]'
 	numpy=$$($(OPENPI_VENV)/bin/python -c 'import numpy; print(numpy.__version__)'); \
 	$(OPENPI_VENV)/bin/python -m pip install -q -c constraints.txt "numpy==$$numpy" $(OPENPI_DEPS)
 	$(OPENPI_VENV)/bin/python -m pip install -q --no-deps $(OPENPI_NODEPS)
 	@touch $@
-test-openpi: $(OPENPI_STAMP)
+test-openpi: $(OPENPI_STAMP) $(VULKAN)
 	$(OPENPI_VENV)/bin/python -m pytest -q -rs tests/test_openpi_tiny.py tests/test_rlinf_policy.py
 
 # The real-Slurm checks (issue 15, preemption and faults), skipped by `make test`: a single-node

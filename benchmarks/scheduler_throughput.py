@@ -67,6 +67,16 @@ WORKLOADS: dict[str, list[str]] = {
         "chunk_size=8",
         "rollout_steps=64",
     ],
+    # the paper's pi0, tiny (conf/policy/pi0_tiny.yaml: RLinf's own model code), on PushCube as
+    # a VLA sees it (the robot's state, a 64 x 64 camera rendered on the CPU, the instruction);
+    # needs .venv-openpi (make test-openpi): run this script with its python. Rendering makes a
+    # step ~30x dearer than state observations, so 8 envs and 8 decisions per update
+    "pushcube_pi0": [
+        "simulator=pushcube_rgb",
+        "policy=pi0_tiny",
+        "num_envs=8",
+        "rollout_steps=8",
+    ],
 }
 #: name -> overrides. Baselines first: "sync" is the in-process synchronous scheduler,
 #: "sync-workers" the same lock-step schedule on EBRL's worker processes (all levels off), and

@@ -45,13 +45,18 @@ class ConfigError(ValueError):
 # --- simulators -------------------------------------------------------------------------------
 @dataclass
 class ManiSkillSim:
-    """ManiSkill3 task on CPU physics with state observations (needs the ``sim`` extra)."""
+    """ManiSkill3 task on CPU physics (needs the ``sim`` extra), state observations or, with
+    ``camera_size``, the robot's state and a camera (:class:`ebrl.envs.maniskill.ManiSkillEnv`)."""
 
     _target_: str = "ebrl.envs.maniskill.ManiSkillEnv"
     task: str = "PushCube-v1"
     control_mode: str = "pd_joint_delta_pos"
     max_episode_steps: int = 50
     reward_mode: str = "normalized_dense"
+    #: 0: ManiSkill's full state; s: the robot's state and the task's camera at s x s pixels
+    camera_size: int = 0
+    #: the task's instruction with a camera ("": ebrl's for the known tasks)
+    instruction: str = ""
 
 
 class LiberoSuite(StrEnum):
@@ -118,6 +123,21 @@ def check_libero(sim: LiberoSim) -> None:
     _check(
         sim.obs_mode != LiberoObsMode.state_rgb or 8 <= sim.camera_size <= 1024,
         f"simulator.camera_size={sim.camera_size}: cameras need 8..1024 pixels a side",
+    )
+
+
+def check_maniskill(sim: ManiSkillSim) -> None:
+    """Value checks of a ManiSkill simulator node (camera size, the instruction a camera needs)."""
+    from ebrl.envs.maniskill import INSTRUCTIONS
+
+    _check(
+        sim.camera_size == 0 or 8 <= sim.camera_size <= 1024,
+        f"simulator.camera_size={sim.camera_size}: 0 (state observations) or 8..1024 pixels a side",
+    )
+    _check(
+        sim.camera_size == 0 or bool(sim.instruction) or sim.task in INSTRUCTIONS,
+        f"simulator.task={sim.task} with a camera needs an instruction for its VLA, and ebrl "
+        f"knows instructions only for {', '.join(INSTRUCTIONS)}: set simulator.instruction",
     )
 
 
@@ -1306,6 +1326,8 @@ def validate(cfg: DictConfig, machine: MachineFacts | None = None) -> RunConfig:
         _check(run.simulator.tail_ratio >= 1.0, "simulator.tail_ratio (P99/mean) must be >= 1")
     if isinstance(run.simulator, LiberoSim):
         check_libero(run.simulator)
+    if isinstance(run.simulator, ManiSkillSim):
+        check_maniskill(run.simulator)
     if isinstance(run.simulator, RLinfSim):
         _check(
             run.simulator.max_episode_steps >= 1,

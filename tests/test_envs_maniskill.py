@@ -105,6 +105,53 @@ def test_env_group_of_two_steps_a_chunk():
         envs[1].close()
 
 
+def test_with_a_camera_it_observes_the_robots_state_and_the_tasks_camera_as_a_vla_does():
+    """camera_size > 0: ManiSkill's rgb mode, declared as RLinf's states + main_images with the
+    task's instruction; the state is the robot's own (no object pose), in ManiSkill's order."""
+    from ebrl.envs.layout import ObsLayout
+
+    cam = ManiSkillEnv(task="PushCube-v1", control_mode="pd_ee_delta_pose", camera_size=16)
+    full = ManiSkillEnv(task="PushCube-v1", control_mode="pd_ee_delta_pose")
+    try:
+        layout = cam.spec.obs_layout()
+        assert isinstance(layout, ObsLayout) and full.spec.layout is None
+        states, image = layout.fields
+        assert (states.name, states.shape) == ("states", (25,))  # qpos 9, qvel 9, tcp pose 7
+        assert (image.name, image.shape, image.kind) == ("main_images", (16, 16, 3), "image")
+        assert cam.spec.obs_dim == 25 + 16 * 16 * 3 and cam.spec.action_dim == 7
+        assert layout.instructions == ("push the cube to the goal region",)
+        a, b = cam.reset(seed=3), full.reset(seed=3)
+        # the same robot state as the full state's first entries (qpos, qvel)
+        np.testing.assert_array_equal(a[:18], b[:18])
+        pixels = a[image.start : image.stop]
+        assert pixels.min() >= 0.0 and pixels.max() <= 1.0 and pixels.std() > 0.01
+        np.testing.assert_array_equal(pixels * 255, np.round(pixels * 255))  # uint8 RGB / 255
+        np.testing.assert_array_equal(cam.reset(seed=3), a)
+        assert not np.array_equal(cam.reset(seed=4)[image.start :], pixels)  # the cube moved
+        push = np.array([0.5, 0, -0.5, 0, 0, 0, 1], np.float32)
+        for _ in range(3):
+            r = cam.step(push)
+        assert r.obs.shape == a.shape and not np.array_equal(r.obs[:25], a[:25])
+    finally:
+        cam.close()
+        full.close()
+
+
+def test_a_camera_is_checked_at_validation(tmp_path):
+    from ebrl.config import ConfigError, validate
+
+    from .conftest import make_cfg
+
+    with pytest.raises(ConfigError, match=r"simulator.camera_size=4: 0 .* or 8..1024"):
+        validate(make_cfg(["simulator=pushcube_rgb", "simulator.camera_size=4"], tmp_path))
+    with pytest.raises(ConfigError, match=r"simulator.task=PlugCharger-v1 with a camera .*instr"):
+        validate(make_cfg(["simulator=pushcube_rgb", "simulator.task=PlugCharger-v1"], tmp_path))
+    ok = ["simulator=pushcube_rgb", "simulator.task=PlugCharger-v1", "simulator.instruction=plug"]
+    validate(make_cfg(ok, tmp_path))
+    with pytest.raises(ValueError, match="no instruction ebrl knows"):
+        ManiSkillEnv(task="PlugCharger-v1", camera_size=8)
+
+
 def test_unknown_task_names_known_ones():
     with pytest.raises(ValueError, match=r"Unknown ManiSkill task 'PushCub-v1'.*PushCube-v1"):
         ManiSkillEnv(task="PushCub-v1")

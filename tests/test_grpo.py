@@ -158,12 +158,27 @@ def test_grpo_update_metrics_and_version():
     assert all(torch.equal(a, b) for a, b in zip(critic, pol.critic.parameters()))  # untouched
 
 
-def test_grpo_update_without_complete_groups():
+def test_grpo_update_without_complete_groups(caplog, monkeypatch):
+    """A segment shorter than every episode: nothing to learn, said once with the fix; the
+    policy is never asked to score an empty batch (an RLinf VLA cannot), and the version moves
+    on as every update's does."""
     pol = MLPPolicy(PolicySpec(O, A, 2), hidden=16, layers=1)
     seg = _segment([[1, 1], [1, 1]], [[0, 0], [0, 0]], [[0, 0], [0, 0]])
-    m = GRPO(pol, GRPOConfig(group_size=2, kl_coef=0.1)).update(seg)
+    full = GRPO(MLPPolicy(PolicySpec(O, A, 2), hidden=16, layers=1), GRPOConfig(group_size=3))
+    keys = set(full.update(_segment(REWARDS, DONES, EPISODES)))
+    grpo = GRPO(pol, GRPOConfig(group_size=2, kl_coef=0.1))
+    monkeypatch.setattr(pol, "dist", lambda *a, **k: pytest.fail("scored an empty batch"))
+    before = [p.clone() for p in pol.parameters()]
+    with caplog.at_level("WARNING", logger="ebrl.algos.grpo"):
+        m = grpo.update(seg)
+        m2 = grpo.update(seg)
+    assert set(m) == keys
     assert m["train/grpo_valid_frac"] == 0.0 and m["train/epochs_run"] == 0.0
-    assert pol.version == 1
+    assert math.isnan(m["train/policy_loss"]) and m2["train/grpo_groups"] == 0.0
+    assert pol.version == 2
+    assert all(torch.equal(a, b) for a, b in zip(before, pol.parameters()))
+    warned = [r.getMessage() for r in caplog.records if "learns nothing" in r.getMessage()]
+    assert len(warned) == 1 and "rollout_steps x chunk_size >= " in warned[0]
 
 
 def test_grpo_reference_kl_term_runs():

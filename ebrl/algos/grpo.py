@@ -15,6 +15,7 @@ tail cut from the previous segment is never scored with a partial return.
 from __future__ import annotations
 
 import copy
+import logging
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -36,6 +37,7 @@ from ebrl.runtime.dist import SOLO, DataParallel
 from ebrl.types import Segment
 
 Tensor = torch.Tensor
+log = logging.getLogger(__name__)
 
 
 @dataclass(kw_only=True)
@@ -157,6 +159,7 @@ class GRPO:
         self.optimizer = torch.optim.Adam(policy.parameters(), lr=cfg.lr, eps=cfg.adam_eps)
         self.dp = dp
         self.reference: Policy | None = None
+        self._warned_empty = False
         if cfg.kl_coef > 0:
             self.reference = copy.deepcopy(policy).requires_grad_(False)
 
@@ -182,8 +185,44 @@ class GRPO:
 
         return fn
 
+    def _nothing_to_learn(self, seg: Segment, staleness: Tensor) -> dict[str, float]:
+        """The update of a segment with no complete episode in a group: no gradient step (the
+        version still advances, as every update's does), NaN losses, ``grpo_valid_frac`` 0,
+        and a warning the first time, naming the fix."""
+        if not self._warned_empty:
+            self._warned_empty = True
+            t_len, n = seg.shape
+            log.warning(
+                "GRPO: no complete episode in a group in this segment (%d decisions x %d envs), "
+                "so this update learns nothing. GRPO scores whole episodes: give a segment room "
+                "for one (rollout_steps x chunk_size >= the simulator's max_episode_steps), and "
+                "group_size >= 2 envs per reset group",
+                t_len,
+                n,
+            )
+        self.policy.version += 1
+        nan = math.nan
+        return {
+            "train/policy_loss": nan,
+            "train/value_loss": 0.0,
+            "train/entropy": nan,
+            "train/approx_kl": nan,
+            "train/clipfrac": nan,
+            "train/behave_weight_mean": nan,
+            "train/behave_dropped_frac": nan,
+            "train/explained_variance": nan,
+            "train/epochs_run": 0.0,
+            "train/lr": float(self.optimizer.param_groups[0]["lr"]),
+            "train/ref_kl": nan,
+            "train/grpo_valid_frac": 0.0,
+            "train/grpo_groups": 0.0,
+            "pipeline/staleness_mean": float(staleness.mean()),
+            "pipeline/staleness_max": float(staleness.max()),
+        }
+
     def update(self, seg: Segment) -> dict[str, float]:
-        """One GRPO update on a segment; returns ``train/*`` and ``pipeline/*`` metrics."""
+        """One GRPO update on a segment; returns ``train/*`` and ``pipeline/*`` metrics (a
+        segment with no complete episode in a group: :meth:`_nothing_to_learn`)."""
         cfg, policy = self.cfg, self.policy
         device = next(policy.parameters()).device
         version = policy.version
@@ -192,6 +231,8 @@ class GRPO:
             seg, seg.episode_step[0] == 0, cfg.group_size, cfg.reward, cfg.adv_eps
         )
 
+        if not bool(ea.mask.any()):
+            return self._nothing_to_learn(seg, staleness)
         seg = seg.to(device)
         mask = ea.mask.flatten().to(device)  # [T*N]
         obs = seg.obs.flatten(0, 1)[mask]  # [B, O], valid decisions only

@@ -1,9 +1,21 @@
-"""ManiSkill3 adapter: one CPU-physics ManiSkill env with flat state observations, as an Env.
+"""ManiSkill3 adapter: one CPU-physics ManiSkill env with flat observations, as an Env.
 
-Each instance is one ManiSkill env (``num_envs=1``, ``sim_backend="physx_cpu"``,
-``obs_mode="state"``, no rendering); parallelism comes from running many instances (in an
-:class:`~ebrl.envs.base.EnvGroup`, or in several processes), not from ManiSkill's GPU batching.
-ManiSkill is imported inside the constructor so that ``import ebrl.envs`` never needs it.
+Each instance is one ManiSkill env (``num_envs=1``, ``sim_backend="physx_cpu"``);
+parallelism comes from running many instances (in an :class:`~ebrl.envs.base.EnvGroup`, or in
+several processes), not from ManiSkill's GPU batching. ManiSkill is imported inside the
+constructor so that ``import ebrl.envs`` never needs it.
+
+Two observations:
+
+- ``camera_size=0`` (the default): ManiSkill's ``obs_mode="state"``, the full flat state
+  (privileged object and goal poses included), nothing rendered;
+- ``camera_size=s``: what a VLA sees, ManiSkill's ``obs_mode="rgb"``: the robot's state (the
+  task's ``agent`` and ``extra`` entries of that mode, flattened in ManiSkill's order: joint
+  positions and velocities, the gripper's pose, no object pose) then the task's
+  ``base_camera`` rendered at ``s x s`` (``uint8`` RGB, stored as ``v / 255``), declared as
+  ``states`` and ``main_images`` (:mod:`ebrl.envs.layout`) with the task's instruction
+  (:data:`INSTRUCTIONS`, or the one given). Rendering runs on the CPU's Vulkan (lavapipe): about
+  30 steps/s against 800 without a camera.
 """
 
 from __future__ import annotations
@@ -18,10 +30,23 @@ from typing import Any
 import numpy as np
 
 from ebrl.envs.base import EnvSpec, StepResult
+from ebrl.envs.layout import STATES, ObsField, ObsLayout
 from ebrl.envs.vulkan import ensure_vulkan
 
 #: tasks known to run on CPU without downloading assets (mani-skill 3.0.1), shown in errors
 KNOWN_TASKS = ("PushCube-v1", "PickCube-v1", "StackCube-v1", "PegInsertionSide-v1", "PullCube-v1")
+
+#: a language instruction for each known task (ManiSkill's tasks have none; a VLA needs one),
+#: from each task's success condition
+INSTRUCTIONS = {
+    "PushCube-v1": "push the cube to the goal region",
+    "PickCube-v1": "pick up the cube and move it to the goal position",
+    "StackCube-v1": "stack the red cube on the green cube",
+    "PegInsertionSide-v1": "insert the peg into the hole in the box",
+    "PullCube-v1": "pull the cube to the goal region",
+}
+#: the task's camera that ``camera_size > 0`` renders (every ManiSkill table-top task has it)
+CAMERA = "base_camera"
 
 
 @contextlib.contextmanager
@@ -59,6 +84,9 @@ class ManiSkillEnv:
         max_episode_steps: time limit; the step reaching it returns ``truncated=True``.
         reward_mode: one of ManiSkill's ``"normalized_dense"``, ``"dense"``, ``"sparse"``,
             ``"none"``.
+        camera_size: 0 for state observations; else the side of the rendered camera image
+            (the robot's state and one camera, see the module).
+        instruction: the task's instruction with a camera (default :data:`INSTRUCTIONS`'s).
 
     Attributes:
         spec: dims and action bounds. ``action_low``/``action_high`` are the min/max over the
@@ -67,7 +95,8 @@ class ManiSkillEnv:
             box (``action_box_low``/``action_box_high``, shape ``[A]``).
 
     Raises:
-        ValueError: unknown task id (the message lists close matches and known tasks).
+        ValueError: unknown task id (the message lists close matches and known tasks), a
+            negative ``camera_size``, or a camera on a task with no instruction known or given.
         RuntimeError: no Vulkan driver, or the task needs assets that are not downloaded.
     """
 
@@ -78,7 +107,19 @@ class ManiSkillEnv:
         control_mode: str = "pd_joint_delta_pos",
         max_episode_steps: int = 50,
         reward_mode: str = "normalized_dense",
+        camera_size: int = 0,
+        instruction: str = "",
     ) -> None:
+        if camera_size < 0:
+            raise ValueError(f"simulator.camera_size={camera_size}: must be >= 0 (0: no camera)")
+        self.camera_size = int(camera_size)
+        self.instruction = instruction or INSTRUCTIONS.get(task, "")
+        if self.camera_size and not self.instruction:
+            raise ValueError(
+                f"ManiSkill task {task!r} has no instruction ebrl knows, and a camera run gives "
+                "its VLA one: set simulator.instruction (e.g. simulator.instruction='open the "
+                "drawer')"
+            )
         ensure_vulkan()  # must precede the first gym.make: SAPIEN creates a Vulkan device there
         import gymnasium as gym
         import mani_skill.envs  # noqa: F401  (registers the tasks with gymnasium)
@@ -95,15 +136,17 @@ class ManiSkillEnv:
         self.max_episode_steps = int(max_episode_steps)
         try:
             with _no_stdin():
+                camera = {"sensor_configs": {"width": camera_size, "height": camera_size}}
                 self._env = gym.make(
                     task,
                     num_envs=1,
-                    obs_mode="state",
+                    obs_mode="rgb" if camera_size else "state",
+                    **(camera if camera_size else {}),
                     control_mode=control_mode,
                     reward_mode=reward_mode,
                     sim_backend="physx_cpu",
                     # "cpu" rather than the default "gpu": same behaviour without a GPU, minus a
-                    # warning at every make; nothing is rendered with render_mode=None anyway.
+                    # warning at every make; render_mode=None: only the sensors are rendered.
                     render_backend="cpu",
                     render_mode=None,
                     max_episode_steps=self.max_episode_steps,
@@ -119,21 +162,43 @@ class ManiSkillEnv:
             np.all(self.action_box_low == self.action_box_low[0])
             and np.all(self.action_box_high == self.action_box_high[0])
         )
+        if self.camera_size:
+            self._state_dim = int(self._state(obs).shape[0])
+        first = self._to_obs(obs)
         self.spec = EnvSpec(
-            obs_dim=int(self._to_obs(obs).shape[0]),
+            obs_dim=int(first.shape[0]),
             action_dim=int(self.action_box_low.shape[0]),
             max_episode_steps=self.max_episode_steps,
             action_low=float(self.action_box_low.min()),
             action_high=float(self.action_box_high.max()),
+            layout=self._layout() if self.camera_size else None,
         )
         self._t = 0
 
+    def _layout(self) -> ObsLayout:
+        side = (self.camera_size, self.camera_size, 3)
+        fields = (
+            ObsField(STATES, 0, (self._state_dim,)),
+            ObsField("main_images", self._state_dim, side, "image"),
+        )
+        return ObsLayout(fields, (self.instruction,))
+
     @staticmethod
-    def _to_obs(obs: Any) -> np.ndarray:  # -> [O] float32
-        # ManiSkill returns a batched torch tensor [1, O] even for one env; copy so later
+    def _flat(x: Any) -> np.ndarray:  # ManiSkill's batched [1, ...] tensor -> [n] float32
+        arr = x.cpu().numpy() if hasattr(x, "cpu") else np.asarray(x)
+        return np.asarray(arr, dtype=np.float32).reshape(-1)
+
+    def _state(self, obs: dict[str, Any]) -> np.ndarray:  # -> [S]: agent, then extra
+        parts = [self._flat(v) for key in ("agent", "extra") for v in obs[key].values()]
+        return np.concatenate(parts)
+
+    def _to_obs(self, obs: Any) -> np.ndarray:  # -> [O] float32
+        # ManiSkill returns batched torch tensors [1, ...] even for one env; copy so later
         # in-place updates inside the simulator can never alias what we handed out.
-        arr = obs.cpu().numpy() if hasattr(obs, "cpu") else np.asarray(obs)
-        return np.array(arr.reshape(-1), dtype=np.float32, copy=True)
+        if not self.camera_size:
+            return np.array(self._flat(obs), dtype=np.float32, copy=True)
+        image = self._flat(obs["sensor_data"][CAMERA]["rgb"]) / np.float32(255.0)
+        return np.concatenate([self._state(obs), image])
 
     def reset(self, seed: int) -> np.ndarray:  # -> [O] float32
         """Start a new episode; the same seed gives the same initial state."""

@@ -128,7 +128,9 @@ class RLinfPolicy(Policy):
             ``num_action_chunks`` of the model's config from it).
         model_type: RLinf's model type (``mlp_policy``, ...).
         model_cfg: the rest of RLinf's ``actor.model`` node for it (``precision`` defaults to
-            fp32, ``is_lora`` to false, ``add_value_head`` to true: PPO needs a critic).
+            fp32, ``is_lora`` to false, ``add_value_head`` to true: PPO needs a critic). A
+            ``prompts: null`` entry is given the simulator's instructions (a test-size openpi
+            trains its tokenizer on them: ``ebrl.policies.openpi``).
         registry: another ``get_model`` (a dotted path or a callable; the tests' fake).
         **_node: the rest of the config node (name, package, install; a VLA's
             ``requires_gpu``, checkpoint and the rest of ``vla_policy_schema``).
@@ -164,6 +166,8 @@ class RLinfPolicy(Policy):
             if OmegaConf.is_config(model_cfg)
             else dict(model_cfg or {})
         )
+        if "prompts" in given and given["prompts"] is None:
+            given["prompts"] = list(self.layout.instructions) or None
         cfg = OmegaConf.create(
             {
                 "precision": "fp32",
