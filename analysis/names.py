@@ -47,6 +47,7 @@ POLICIES = {
 #: simulator config option -> the paper's name
 SIMULATORS = {
     "pushcube": "ManiSkill PushCube",
+    "pushcube_rgb": "ManiSkill PushCube (camera)",
     "pickcube": "ManiSkill PickCube",
     "synthetic": "Synthetic (step-cost model)",
     "counting": "Counting (test env)",
