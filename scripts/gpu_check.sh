@@ -6,7 +6,9 @@
 # profile for the capacity planner (ebrl-plan-profile/1, python -m ebrl.plan.measure: the
 # embedded workload's policy acting and training on the GPU at MPS shares 0.25, 0.5 and 1, the
 # weights moved off and onto it, PushCube stepped env by env on a core) and the planner's answer
-# from it for the paper's scale points (docs/plan-profile.md).
+# from it for the paper's scale points (docs/plan-profile.md); then pi0 at its real size, random
+# weights, acting and updating on the GPU where RLinf and openpi are installed
+# (benchmarks/vla_pi0.py --size full: never run on a GPU yet; run tiny on the CPU).
 #
 # Last run 2026-12-04 on one H200 (commit 76377db, the machine's torch 2.11.0+cu130, the
 # synthetic simulator: ManiSkill was not installed there): 6 passed in 108 s, profile and plans
@@ -50,6 +52,22 @@ if [ "${PLAN_PROFILE:-1}" = "1" ] && command -v nvidia-smi >/dev/null; then
         --set decisions_per_env=12 episode_steps=50 --json "$DIR/plan-$g.json" || status=$?
     done
     echo "profile and plans in $DIR"
+  fi
+fi
+
+# pi0 at its real size (3.3B, random weights: no checkpoint here) through RLinf's model code
+# behind ebrl's RLinfPolicy on the GPU: acts/s, a learner step and an AdamW update at batches
+# 1, 8, 32, peak memory (~1-3 min, most of it building on the CPU). Needs RLinf and
+# rlinf-openpi importable by $PY (make test-openpi's venv: PY=.venv-openpi/bin/python).
+if command -v nvidia-smi >/dev/null; then
+  if "$PY" -c 'import rlinf, openpi' 2>/dev/null; then
+    DIR=${PLAN_OUT:-outputs/plan/gpu-$(date -u +%Y%m%d-%H%M%S)}
+    mkdir -p "$DIR"
+    timeout "${PI0_TIMEOUT:-240}" "$PY" benchmarks/vla_pi0.py --size full --device cuda \
+      --batches 1,8,32 --seconds 3 --threads 8 --json "$DIR/pi0-full.json" || status=$?
+  else
+    echo "pi0 at full size: skipped: $PY cannot import rlinf and openpi (make test-openpi," \
+      "then PY=.venv-openpi/bin/python with a CUDA build of torch there)"
   fi
 fi
 exit "$status"

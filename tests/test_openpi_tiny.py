@@ -97,6 +97,43 @@ def test_rlinfs_pi0_acts_and_scores_each_chunk_with_its_chain():
 
 
 @needs_openpi
+def test_full_sizes_are_pi0s_own_architecture():
+    """``sizes: full`` (the GPU check's random-weight pi0) is openpi's gemma_2b and gemma_300m
+    and PaliGemma-3B's SigLIP tower as openpi configures it: the real model's shapes."""
+    import dataclasses
+    import inspect
+
+    import openpi.models.gemma as gemma
+    import openpi.models_pytorch.gemma_pytorch as gemma_pytorch
+    from transformers.models.auto import CONFIG_MAPPING
+
+    from ebrl.policies import openpi
+
+    for part, variant in (("vlm", "gemma_2b"), ("expert", "gemma_300m")):
+        real = dataclasses.asdict(gemma.get_config(variant))
+        assert {k: real[k] for k in openpi.FULL[part]} == openpi.FULL[part], variant
+    # PaliGemma's own SigLIP, except its MLP width, which openpi's PyTorch model sets itself
+    vision = CONFIG_MAPPING["paligemma"]().vision_config
+    want = {k: v for k, v in openpi.FULL["vision"].items() if k != "intermediate_size"}
+    assert {k: getattr(vision, k) for k in want} == want
+    assert vision.image_size == 224
+    source = inspect.getsource(gemma_pytorch.PaliGemmaWithExpertModel.__init__)
+    width = openpi.FULL["vision"]["intermediate_size"]
+    assert f"vision_config.intermediate_size = {width}" in source
+
+
+@needs_openpi
+def test_sizes_by_name_and_an_unknown_name_refused():
+    spec, _ = vla_batch(2)
+    p = build(spec, sizes="tiny")
+    assert sum(q.numel() for q in p.model.parameters()) < 15e6
+    with pytest.raises(
+        ValueError, match=r"openpi sizes 'huge' unknown: name one of \['full', 'tiny'\]"
+    ):
+        build(spec, sizes="huge")
+
+
+@needs_openpi
 def test_its_values_are_rlinfs_at_rollout_and_at_the_trained_step():
     """RLinf's pi0 (non-joint log-probs) values a rollout by the mean of its value head over the
     denoising steps, and the learner by the value at the one step whose log-prob it trains: they

@@ -85,6 +85,39 @@ TINY: dict[str, dict[str, int]] = {
 }
 
 
+#: pi0's real architecture (openpi's ``gemma_2b`` and ``gemma_300m`` variants, PaliGemma-3B's
+#: SigLIP So400m/14 tower), built from random weights through :func:`model_sizes`: what a GPU
+#: check measures without a checkpoint (3.3B parameters as pi0, plus the value head)
+FULL: dict[str, dict[str, int]] = {
+    "vlm": {
+        "width": 2048,
+        "depth": 18,
+        "mlp_dim": 16_384,
+        "num_heads": 8,
+        "num_kv_heads": 1,
+        "head_dim": 256,
+    },
+    "expert": {
+        "width": 1024,
+        "depth": 18,
+        "mlp_dim": 4096,
+        "num_heads": 8,
+        "num_kv_heads": 1,
+        "head_dim": 256,
+    },
+    # 224 / 14 = 16 x 16 patches per image
+    "vision": {
+        "hidden_size": 1152,
+        "num_hidden_layers": 27,
+        "num_attention_heads": 16,
+        "intermediate_size": 4304,
+        "patch_size": 14,
+    },
+}
+#: ``sizes`` a config may name instead of giving them
+SIZES: dict[str, dict[str, dict[str, int]]] = {"tiny": TINY, "full": FULL}
+
+
 def train_tokenizer(lines: Sequence[str], vocab_size: int = 300) -> bytes:
     """A SentencePiece model (bytes) trained on ``lines``, with byte fallback: it encodes any
     text, and its ids stay far below PaliGemma's vocabulary."""
@@ -253,9 +286,10 @@ def get_model(cfg: Any) -> Any:
     """RLinf's ``get_model`` for ``cfg`` (RLinf's ``actor.model`` node with
     ``model_type: openpi``), offline.
 
-    ``cfg.sizes`` (default :data:`TINY`): the sizes :func:`model_sizes` builds at, from random
-    weights, with the assets :func:`write_assets` writes (norm stats into ``cfg.model_path``
-    unless it has them, a tokenizer trained on ``cfg.prompts`` in a scratch cache). ``sizes:
+    ``cfg.sizes`` (default :data:`TINY`; a name of :data:`SIZES`, ``tiny`` or ``full``, or the
+    sizes themselves): the sizes :func:`model_sizes` builds at, from random weights, with the
+    assets :func:`write_assets` writes (norm stats into ``cfg.model_path`` unless it has them,
+    a tokenizer trained on ``cfg.prompts`` in a scratch cache). ``sizes:
     null``: openpi's own variants as ``cfg.openpi`` names them, a real checkpoint
     (``cfg.model_path``, required) read as it is (:func:`check_checkpoint`: nothing written),
     openpi's own tokenizer. ``cfg.openpi`` is RLinf's override of openpi's model config
@@ -268,6 +302,13 @@ def get_model(cfg: Any) -> Any:
 
     node = OmegaConf.to_container(cfg, resolve=True)
     sizes = node.pop("sizes", TINY)
+    if isinstance(sizes, str):
+        if sizes not in SIZES:
+            raise ValueError(
+                f"openpi sizes {sizes!r} unknown: name one of {sorted(SIZES)}, give the sizes "
+                "(vlm, expert, vision), or null for a real checkpoint"
+            )
+        sizes = SIZES[sizes]
     prompts = node.pop("prompts", None) or ["do the task"]
     k = int(node["num_action_chunks"])
     openpi = {
