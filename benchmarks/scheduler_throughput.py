@@ -8,7 +8,11 @@ machine hit all configurations alike), each as its own ``python -m ebrl.train`` 
 - EBRL's ratio to each synchronous configuration, with a paired bootstrap 95% CI;
 - each level's contribution (cumulative ablation: levels off -> +overlap -> +pipeline -> +step);
 - EBRL's efficiency against the pipeline bound from measured stage costs (below);
-- the engine's own overhead: wall time in which no stage ran, and worker CPU spent outside stages.
+- the engine's own overhead: wall time in which no stage ran, and worker CPU spent outside stages;
+- where the time goes (``critical_path``): the share of the steady window in which the rollout
+  chain (simulation, action generation, weight loads) ran, and the share in which the learner did.
+  A chain busy ~all the time is the run's critical path; the other's idle share is capacity the
+  schedule left unused.
 
 Pipeline bound: over the steady-state window, each stage's CPU seconds are its work. No schedule on
 C cores can beat ``max(total work / C, gen work, train work, sim work / sim workers)`` per window
@@ -164,6 +168,9 @@ def run(
     rows = list(csv.DictReader((run_dir / "metrics.csv").open()))
     s.update(config=name, seed=seed, command=" ".join(cmd[1:]))
     s.update(bound_and_overhead(rows, warmup, sim_workers=1 if name in IN_PROCESS else 2))
+    timeline = run_dir / "timeline.json"
+    if timeline.exists():
+        s.update(critical_path(json.loads(timeline.read_text())["traceEvents"], warmup))
     shape = run_dir / "shape.json"
     if shape.exists():  # the resource manager's choice, its prediction and its cost
         chosen = json.loads(shape.read_text())
@@ -198,9 +205,11 @@ def run(
             + f" ({', '.join(f'{k} x{v:.2f}' for k, v in r['factors'].items())})"
             for r in fired
         )
+    nan = float("nan")
     print(
         f"  {name:13s} seed {seed}: {s['throughput_e2e']:7.1f} steps/s "
-        f"(bound {s['bound']:.0f}, glue cpu {s['glue_cpu_frac']:.3f})"
+        f"(bound {s['bound']:.0f}, glue cpu {s['glue_cpu_frac']:.3f}, busy: rollout "
+        f"{s.get('rollout_busy', nan):.2f}, learner {s.get('learner_busy', nan):.2f})"
         + (f", shape {s['shape']} in {s['shape_profile_s']:.1f} s" if "shape" in s else ""),
         flush=True,
     )
@@ -237,6 +246,52 @@ def bound_and_overhead(rows: list[dict], warmup: int, sim_workers: int) -> dict:
         "bound": steps / t_bound if t_bound > 0 else float("nan"),
         "stage_cpu_window": cpu,
         "glue_cpu_frac": (1 - work / proc_cpu) if proc_cpu > 0 else float("nan"),
+    }
+
+
+#: timeline span names of each side of the pipeline ("offload", colocated's, sits inside "gen")
+ROLLOUT_SPANS = ("sim", "gen", "load")
+LEARNER_SPANS = ("train", "sync")
+
+
+def _union_s(spans: list[tuple[float, float]], lo: float, hi: float) -> float:
+    """Seconds of [lo, hi] covered by at least one span (start, end)."""
+    covered, end = 0.0, lo
+    for a, b in sorted(spans):
+        a, b = max(a, end), min(b, hi)
+        if b > a:
+            covered += b - a
+            end = b
+    return covered
+
+
+def critical_path(events: list[dict], warmup: int) -> dict:
+    """Share of the steady window in which each side of the pipeline ran.
+
+    ``events``: a run's ``timeline.json`` trace events (``ph == "X"``, microseconds). The window
+    runs from the end of update ``warmup`` (the ``warmup``-th ``train`` span; the metrics' steady
+    window starts there too) to the end of the last update. Returns ``rollout_busy`` (any
+    sim, gen or load span running), ``learner_busy`` (train or sync) and ``both_busy``; NaN when
+    the run has too few updates.
+    """
+    spans = [e for e in events if e.get("ph") == "X"]
+    trains = sorted(e["ts"] + e["dur"] for e in spans if e["name"] == "train")
+    if len(trains) <= warmup or warmup < 1:
+        nan = float("nan")
+        return {"rollout_busy": nan, "learner_busy": nan, "both_busy": nan}
+    lo, hi = trains[warmup - 1], trains[-1]
+
+    def side(names: tuple[str, ...]) -> list[tuple[float, float]]:
+        return [(e["ts"], e["ts"] + e["dur"]) for e in spans if e["name"] in names]
+
+    roll, learn = side(ROLLOUT_SPANS), side(LEARNER_SPANS)
+    # both ran: pairwise intersections of the two sides' spans
+    both = [(max(a, c), min(b, d)) for a, b in roll for c, d in learn if min(b, d) > max(a, c)]
+    w = hi - lo
+    return {
+        "rollout_busy": _union_s(roll, lo, hi) / w,
+        "learner_busy": _union_s(learn, lo, hi) / w,
+        "both_busy": _union_s(both, lo, hi) / w,
     }
 
 
@@ -301,6 +356,21 @@ def main() -> None:
                 lines.append(
                     f"| {label} ({n}) | {bootstrap_ci(tp(n)).fmt('.1f')} | {prev} | {first} |"
                 )
+    lines += [
+        "",
+        "| configuration | rollout chain busy | learner busy | both at once |",
+        "|---|---|---|---|",
+    ]
+    for n in names:
+        got = [r for r in rows if r["config"] == n]
+
+        def mean(key: str, got: list[dict] = got) -> str:
+            v = np.array([r.get(key, np.nan) for r in got], dtype=float)
+            return f"{np.nanmean(v):.2f}" if np.isfinite(v).any() else "-"
+
+        lines.append(
+            f"| {n} | {mean('rollout_busy')} | {mean('learner_busy')} | {mean('both_busy')} |"
+        )
     ebrl_rows = [r for r in rows if r["config"] == "ebrl"]
     if ebrl_rows:
         eff = np.array([r["throughput_e2e"] / r["bound"] for r in ebrl_rows])
@@ -359,6 +429,9 @@ def main() -> None:
         "bound",
         "overhead_frac",
         "glue_cpu_frac",
+        "rollout_busy",
+        "learner_busy",
+        "both_busy",
         "env_steps",
         "wall_s",
         "success_rate",
