@@ -58,6 +58,7 @@ import pandas as pd
 import yaml
 
 from analysis import names
+from ebrl.timeline import covered_s
 
 #: what a run folder holds that this module reads
 RUN_FILES = ("summary.json", "config.yaml", "metrics.csv", "timeline.json", "utilisation.csv")
@@ -254,19 +255,7 @@ def cpu_stats(run: Run) -> dict[str, Any]:
 
 def _covered(spans: pd.DataFrame, lo: float, hi: float) -> float:
     """Seconds of [lo, hi] covered by at least one of ``spans``."""
-    iv = sorted(
-        (max(s, lo), min(e, hi))
-        for s, e in zip(spans["start_s"], spans["end_s"], strict=True)
-        if e > lo and s < hi
-    )
-    total, cur_s, cur_e = 0.0, None, None
-    for s, e in iv:
-        if cur_e is None or s > cur_e:
-            total += 0.0 if cur_e is None else cur_e - cur_s
-            cur_s, cur_e = s, e
-        else:
-            cur_e = max(cur_e, e)
-    return total + (0.0 if cur_e is None else cur_e - cur_s)
+    return covered_s(zip(spans["start_s"], spans["end_s"], strict=True), lo, hi)
 
 
 def gpu_stats(run: Run) -> dict[str, Any]:

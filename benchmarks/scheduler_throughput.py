@@ -40,6 +40,7 @@ sys.path.insert(0, str(ROOT))
 
 from analysis.stats import bootstrap_ci, ratio_ci  # noqa: E402
 from benchmarks.common import LEVELS_OFF, provenance, write_results  # noqa: E402
+from ebrl.timeline import covered_s  # noqa: E402
 
 #: the embedded default: PushCube-v1 on CPU physics, the VLA-shaped transformer (size L:
 #: generation ~ simulation), action chunks of 4, 16 envs in 2 groups, 2 PPO epochs per update
@@ -254,17 +255,6 @@ ROLLOUT_SPANS = ("sim", "gen", "load")
 LEARNER_SPANS = ("train", "sync")
 
 
-def _union_s(spans: list[tuple[float, float]], lo: float, hi: float) -> float:
-    """Seconds of [lo, hi] covered by at least one span (start, end)."""
-    covered, end = 0.0, lo
-    for a, b in sorted(spans):
-        a, b = max(a, end), min(b, hi)
-        if b > a:
-            covered += b - a
-            end = b
-    return covered
-
-
 def critical_path(events: list[dict], warmup: int) -> dict:
     """Share of the steady window in which each side of the pipeline ran.
 
@@ -285,14 +275,10 @@ def critical_path(events: list[dict], warmup: int) -> dict:
         return [(e["ts"], e["ts"] + e["dur"]) for e in spans if e["name"] in names]
 
     roll, learn = side(ROLLOUT_SPANS), side(LEARNER_SPANS)
-    # both ran: pairwise intersections of the two sides' spans
-    both = [(max(a, c), min(b, d)) for a, b in roll for c, d in learn if min(b, d) > max(a, c)]
+    r, t, either = (covered_s(iv, lo, hi) for iv in (roll, learn, roll + learn))
     w = hi - lo
-    return {
-        "rollout_busy": _union_s(roll, lo, hi) / w,
-        "learner_busy": _union_s(learn, lo, hi) / w,
-        "both_busy": _union_s(both, lo, hi) / w,
-    }
+    # both ran: what either side covers, counted once (inclusion-exclusion)
+    return {"rollout_busy": r / w, "learner_busy": t / w, "both_busy": (r + t - either) / w}
 
 
 def main() -> None:

@@ -11,10 +11,25 @@ import json
 import os
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+
+
+def covered_s(
+    intervals: Iterable[tuple[float, float]],
+    lo: float = float("-inf"),
+    hi: float = float("inf"),
+) -> float:
+    """Length of ``[lo, hi]`` covered by at least one interval ``(start, end)``."""
+    total, end = 0.0, lo
+    for s, e in sorted(intervals):
+        s, e = max(s, end), min(e, hi)
+        if e > s:
+            total += e - s
+            end = e
+    return total
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,22 +90,8 @@ class Timeline:
         lo = float("-inf") if since is None else since
         hi = float("inf") if until is None else until
         with self._lock:
-            iv = sorted(
-                (max(s.start, lo), min(s.end, hi))
-                for s in self.spans
-                if (stages is None or s.stage in stages) and s.end > lo and s.start < hi
-            )
-        total, cur_s, cur_e = 0.0, None, None
-        for s, e in iv:
-            if cur_e is None or s > cur_e:
-                if cur_e is not None:
-                    total += cur_e - cur_s
-                cur_s, cur_e = s, e
-            else:
-                cur_e = max(cur_e, e)
-        if cur_e is not None:
-            total += cur_e - cur_s
-        return total
+            iv = [(s.start, s.end) for s in self.spans if stages is None or s.stage in stages]
+        return covered_s(iv, lo, hi)
 
     def write_chrome_trace(self, path: str | Path) -> Path:
         """Write the spans as Chrome trace JSON (complete events, microseconds)."""
