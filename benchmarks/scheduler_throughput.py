@@ -1,7 +1,7 @@
 """Synchronous scheduling against EBRL, side by side, on the embedded default workload.
 
-One invocation runs every configuration for every seed (seed-major, so slow drifts of a shared
-machine hit all configurations alike), each as its own ``python -m ebrl.train`` process, and prints:
+One invocation runs every configuration for every seed (seed-major, every other seed in reverse:
+see "Seed order" below), each as its own ``python -m ebrl.train`` process, and prints:
 
 - end-to-end throughput (env steps consumed by training per second, steady state) per
   configuration: mean and 95% bootstrap CI over seeds;
@@ -12,7 +12,15 @@ machine hit all configurations alike), each as its own ``python -m ebrl.train`` 
 - where the time goes (``critical_path``): the share of the steady window in which the rollout
   chain (simulation, action generation, weight loads) ran, and the share in which the learner did.
   A chain busy ~all the time is the run's critical path; the other's idle share is capacity the
-  schedule left unused.
+  schedule left unused;
+- where the cores went (``core_shares``) over that window: the stages' own CPU (the spans'
+  ``cpu``), the rest of the machine's CPU (the engine's glue, the driver, Ray's processes, the OS)
+  and idle cores (the run's ``utilisation.csv``, sampled every 0.2 s). On a machine the run has
+  to itself, the stages' share is the efficiency below, and the other two say what is missing.
+
+Seed order: seed-major, every other seed in reverse (``run_order``), so each configuration runs
+as often before its neighbour as after it and a slow drift of a shared machine cancels in the
+paired ratios instead of favouring whichever runs later.
 
 Pipeline bound: over the steady-state window, each stage's CPU seconds are its work. No schedule on
 C cores can beat ``max(total work / C, gen work, train work, sim work / sim workers)`` per window
@@ -162,6 +170,7 @@ def run(
         "budget.env_steps=100000000",
         f"run_dir={run_dir}",
         f"tracking.experiment={experiment}",
+        "tracking.utilisation=true",
         "progress=false",
     ]
     subprocess.run(cmd, check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
@@ -171,7 +180,11 @@ def run(
     s.update(bound_and_overhead(rows, warmup, sim_workers=1 if name in IN_PROCESS else 2))
     timeline = run_dir / "timeline.json"
     if timeline.exists():
-        s.update(critical_path(json.loads(timeline.read_text())["traceEvents"], warmup))
+        events = json.loads(timeline.read_text())["traceEvents"]
+        s.update(critical_path(events, warmup))
+        util = run_dir / "utilisation.csv"
+        if util.exists():
+            s.update(core_shares(events, list(csv.DictReader(util.open())), warmup))
     shape = run_dir / "shape.json"
     if shape.exists():  # the resource manager's choice, its prediction and its cost
         chosen = json.loads(shape.read_text())
@@ -210,7 +223,9 @@ def run(
     print(
         f"  {name:13s} seed {seed}: {s['throughput_e2e']:7.1f} steps/s "
         f"(bound {s['bound']:.0f}, glue cpu {s['glue_cpu_frac']:.3f}, busy: rollout "
-        f"{s.get('rollout_busy', nan):.2f}, learner {s.get('learner_busy', nan):.2f})"
+        f"{s.get('rollout_busy', nan):.2f}, learner {s.get('learner_busy', nan):.2f}; cores: "
+        f"stages {s.get('stage_share', nan):.2f}, other {s.get('other_share', nan):.2f}, idle "
+        f"{s.get('idle_share', nan):.2f})"
         + (f", shape {s['shape']} in {s['shape_profile_s']:.1f} s" if "shape" in s else ""),
         flush=True,
     )
@@ -255,21 +270,30 @@ ROLLOUT_SPANS = ("sim", "gen", "load")
 LEARNER_SPANS = ("train", "sync")
 
 
-def critical_path(events: list[dict], warmup: int) -> dict:
-    """Share of the steady window in which each side of the pipeline ran.
+def steady_window(events: list[dict], warmup: int) -> tuple[float, float] | None:
+    """The steady window of a run's ``timeline.json`` trace events (``ph == "X"``, microseconds):
+    from the end of update ``warmup`` (the ``warmup``-th ``train`` span; the metrics' steady
+    window starts there too) to the end of the last update. None when the run has too few."""
+    trains = sorted(
+        e["ts"] + e["dur"] for e in events if e.get("ph") == "X" and e["name"] == "train"
+    )
+    if len(trains) <= warmup or warmup < 1:
+        return None
+    return trains[warmup - 1], trains[-1]
 
-    ``events``: a run's ``timeline.json`` trace events (``ph == "X"``, microseconds). The window
-    runs from the end of update ``warmup`` (the ``warmup``-th ``train`` span; the metrics' steady
-    window starts there too) to the end of the last update. Returns ``rollout_busy`` (any
-    sim, gen or load span running), ``learner_busy`` (train or sync) and ``both_busy``; NaN when
-    the run has too few updates.
+
+def critical_path(events: list[dict], warmup: int) -> dict:
+    """Share of the steady window (:func:`steady_window`) in which each side of the pipeline ran.
+
+    Returns ``rollout_busy`` (any sim, gen or load span running), ``learner_busy`` (train or
+    sync) and ``both_busy``; NaN when the run has too few updates.
     """
     spans = [e for e in events if e.get("ph") == "X"]
-    trains = sorted(e["ts"] + e["dur"] for e in spans if e["name"] == "train")
-    if len(trains) <= warmup or warmup < 1:
+    window = steady_window(spans, warmup)
+    if window is None:
         nan = float("nan")
         return {"rollout_busy": nan, "learner_busy": nan, "both_busy": nan}
-    lo, hi = trains[warmup - 1], trains[-1]
+    lo, hi = window
 
     def side(names: tuple[str, ...]) -> list[tuple[float, float]]:
         return [(e["ts"], e["ts"] + e["dur"]) for e in spans if e["name"] in names]
@@ -279,6 +303,48 @@ def critical_path(events: list[dict], warmup: int) -> dict:
     w = hi - lo
     # both ran: what either side covers, counted once (inclusion-exclusion)
     return {"rollout_busy": r / w, "learner_busy": t / w, "both_busy": (r + t - either) / w}
+
+
+def core_shares(events: list[dict], util: list[dict], warmup: int) -> dict:
+    """Where the machine's cores went over the steady window (:func:`steady_window`).
+
+    ``util``: the run's ``utilisation.csv`` rows (``t_s`` on the timeline's clock, at the end of
+    each sample; ``device``, ``util_pct`` per core). Returns, as shares of cores x window:
+    ``stage_share``, the CPU seconds of the stage spans (each span's ``cpu`` pro rata to the part
+    of it inside the window); ``idle_share``, the cores' idle time in the samples that fall in
+    the window; ``other_share``, the rest: CPU outside every stage (the engine's glue, the
+    driver, Ray's processes, the OS). NaN without a window or a sample in it.
+    """
+    nan = float("nan")
+    out = {"stage_share": nan, "other_share": nan, "idle_share": nan}
+    window = steady_window(events, warmup)
+    cpu = [r for r in util if r.get("device") == "cpu"]
+    if window is None or not cpu:
+        return out
+    lo, hi = window[0] / 1e6, window[1] / 1e6
+    busy: dict[float, list[float]] = {}
+    for r in cpu:
+        t = float(r["t_s"])
+        if lo < t <= hi:
+            busy.setdefault(t, []).append(float(r["util_pct"]) / 100)
+    if not busy:
+        return out
+    cores = len(next(iter(busy.values())))
+    idle = 1 - float(np.mean([np.mean(v) for v in busy.values()]))
+    stage_cpu = 0.0
+    for e in events:
+        if e.get("ph") != "X" or "cpu" not in e.get("args", {}) or e["dur"] <= 0:
+            continue
+        a, b = max(e["ts"] / 1e6, lo), min((e["ts"] + e["dur"]) / 1e6, hi)
+        if b > a:
+            stage_cpu += float(e["args"]["cpu"]) * (b - a) / (e["dur"] / 1e6)
+    stage = stage_cpu / (cores * (hi - lo))
+    return {"stage_share": stage, "other_share": 1 - stage - idle, "idle_share": idle}
+
+
+def run_order(seeds: list[int], names: list[str]) -> list[tuple[int, str]]:
+    """(seed, configuration) in the order they run: seed-major, every other seed reversed."""
+    return [(s, n) for i, s in enumerate(seeds) for n in (names if i % 2 == 0 else names[::-1])]
 
 
 def main() -> None:
@@ -302,11 +368,10 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     rows = []
     total, t0 = len(seeds) * len(names), time.time()
-    for s in seeds:
-        for n in names:
-            rows.append(run(n, s, args.iterations, args.warmup, out, args.experiment, workload))
-            left = (time.time() - t0) / len(rows) * (total - len(rows))
-            print(f"  [{len(rows)}/{total} runs, ~{left / 60:.0f} min left]", flush=True)
+    for s, n in run_order(seeds, names):
+        rows.append(run(n, s, args.iterations, args.warmup, out, args.experiment, workload))
+        left = (time.time() - t0) / len(rows) * (total - len(rows))
+        print(f"  [{len(rows)}/{total} runs, ~{left / 60:.0f} min left]", flush=True)
 
     def tp(name: str) -> np.ndarray:
         return np.array(
@@ -344,8 +409,9 @@ def main() -> None:
                 )
     lines += [
         "",
-        "| configuration | rollout chain busy | learner busy | both at once |",
-        "|---|---|---|---|",
+        "| configuration | rollout chain busy | learner busy | both at once "
+        "| cores: stages | cores: other CPU | cores: idle |",
+        "|---|---|---|---|---|---|---|",
     ]
     for n in names:
         got = [r for r in rows if r["config"] == n]
@@ -355,7 +421,8 @@ def main() -> None:
             return f"{np.nanmean(v):.2f}" if np.isfinite(v).any() else "-"
 
         lines.append(
-            f"| {n} | {mean('rollout_busy')} | {mean('learner_busy')} | {mean('both_busy')} |"
+            f"| {n} | {mean('rollout_busy')} | {mean('learner_busy')} | {mean('both_busy')} "
+            f"| {mean('stage_share')} | {mean('other_share')} | {mean('idle_share')} |"
         )
     ebrl_rows = [r for r in rows if r["config"] == "ebrl"]
     if ebrl_rows:
@@ -418,6 +485,9 @@ def main() -> None:
         "rollout_busy",
         "learner_busy",
         "both_busy",
+        "stage_share",
+        "other_share",
+        "idle_share",
         "env_steps",
         "wall_s",
         "success_rate",

@@ -1,5 +1,6 @@
-"""benchmarks/scheduler_throughput.py's critical path: how much of the steady window each side of
-the pipeline ran, on made-up timelines (microseconds, as the engine's ``timeline.json``)."""
+"""benchmarks/scheduler_throughput.py's critical path (how much of the steady window each side of
+the pipeline ran), where the cores went, and the order the runs are made in, on made-up timelines
+(microseconds, as the engine's ``timeline.json``) and made-up ``utilisation.csv`` samples."""
 
 from __future__ import annotations
 
@@ -7,11 +8,14 @@ import math
 
 import pytest
 
-from benchmarks.scheduler_throughput import critical_path
+from benchmarks.scheduler_throughput import core_shares, critical_path, run_order
 
 
-def span(name: str, start_ms: float, end_ms: float) -> dict:
-    return {"name": name, "ph": "X", "ts": start_ms * 1e3, "dur": (end_ms - start_ms) * 1e3}
+def span(name: str, start_ms: float, end_ms: float, cpu_s: float | None = None) -> dict:
+    e = {"name": name, "ph": "X", "ts": start_ms * 1e3, "dur": (end_ms - start_ms) * 1e3}
+    if cpu_s is not None:
+        e["args"] = {"cpu": cpu_s}
+    return e
 
 
 def lock_step(updates: int, sim_ms: float, gen_ms: float, train_ms: float) -> list[dict]:
@@ -65,3 +69,60 @@ def test_gaps_in_the_chain_and_weight_loads_count_as_they_are():
 def test_too_few_updates_give_nan():
     got = critical_path(lock_step(2, 6, 4, 70), warmup=3)
     assert all(math.isnan(v) for v in got.values())
+
+
+def samples(until_ms: float, every_ms: float, busy_pct: tuple[float, ...]) -> list[dict]:
+    """utilisation.csv rows: one per core per sample, ``t_s`` at the end of each interval."""
+    rows, t = [], every_ms
+    while t <= until_ms:
+        rows += [
+            {"t_s": str(t / 1e3), "device": "cpu", "index": str(i), "util_pct": str(b)}
+            for i, b in enumerate(busy_pct)
+        ]
+        t += every_ms
+    rows.append({"t_s": "0.5", "device": "gpu", "index": "0", "util_pct": "0"})  # not a core
+    return rows
+
+
+def test_core_shares_split_the_window_into_stage_cpu_other_cpu_and_idle():
+    # 2 cores; each 100 ms update: a 100 ms train span that used 80 ms of CPU (contended) and a
+    # 100 ms sim span that used 60 ms; the cores were 95% and 75% busy in every sample
+    events = []
+    for u in range(8):
+        events += [span("train", u * 100, u * 100 + 100, cpu_s=0.08)]
+        events += [span("sim", u * 100, u * 100 + 100, cpu_s=0.06)]
+    got = core_shares(events, samples(800, 20, (95.0, 75.0)), warmup=3)
+    assert got["stage_share"] == pytest.approx(0.14 / 0.2)  # 140 ms of CPU per 200 core-ms
+    assert got["idle_share"] == pytest.approx(0.15)
+    assert got["other_share"] == pytest.approx(1 - 0.70 - 0.15)
+
+
+def test_core_shares_count_a_span_only_for_its_part_inside_the_window():
+    # the window is 300..700 ms; a sim span 250..350 ms (100 ms of CPU) counts half
+    events = [span("train", u * 100, u * 100 + 100) for u in range(7)]
+    events.append(span("sim", 250, 350, cpu_s=0.1))
+    got = core_shares(events, samples(700, 50, (100.0,)), warmup=3)
+    assert got["stage_share"] == pytest.approx(0.05 / 0.4)
+    assert got["idle_share"] == pytest.approx(0.0)
+
+
+def test_core_shares_without_samples_or_updates_give_nan():
+    events = [span("train", u * 100, u * 100 + 100, cpu_s=0.1) for u in range(6)]
+    assert all(math.isnan(v) for v in core_shares(events, [], warmup=3).values())
+    few = core_shares(events[:2], samples(600, 50, (50.0,)), warmup=3)
+    assert all(math.isnan(v) for v in few.values())
+
+
+def test_every_other_seed_runs_the_configurations_in_reverse():
+    order = run_order([0, 1, 2], ["async", "ebrl"])
+    assert order == [
+        (0, "async"),
+        (0, "ebrl"),
+        (1, "ebrl"),
+        (1, "async"),
+        (2, "async"),
+        (2, "ebrl"),
+    ]
+    # over an even number of seeds each configuration runs first as often as second
+    firsts = [n for i, (_, n) in enumerate(run_order([0, 1, 2, 3], ["a", "b", "c"])) if i % 3 == 0]
+    assert sorted(firsts) == ["a", "a", "c", "c"]
