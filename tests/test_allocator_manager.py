@@ -252,7 +252,13 @@ def test_one_manager_measures_the_shortlist_from_the_reports_and_keeps_the_faste
     assert rec is not None and rec.after == short[-1]
     saved = json.loads((tmp_path / "shape.json").read_text())["recalibration"]
     assert len(saved["trials"]) == len(short)
+    # while the run runs, the refit model has predicted the measured shapes only
+    assert len(saved["predictions"]) == len(short) and saved["rerank_s"] is None
     assert m.report(len(short) + 1, 100, {}, at=99.0) == {}  # the trials are over: nothing more
+    m.close()  # the run's end: every candidate re-ranked on the refit model, saved
+    saved = json.loads((tmp_path / "shape.json").read_text())["recalibration"]
+    assert len(saved["predictions"]) == len(choice.shapes) and saved["rerank_s"] >= 0
+    assert m.choice.recalibration.rerank_s == saved["rerank_s"]
 
 
 def test_algorithm_1_waits_for_the_shape_trials_to_end(tmp_path, monkeypatch):

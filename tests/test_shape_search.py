@@ -428,7 +428,7 @@ def test_recalibration_keeps_the_fastest_measured_shape_and_refits_the_model_to_
     """Simulators busy on 2 cores with a cheap generator: pipelining wins on paper; a run whose
     cores are really ~1 measures one group faster, keeps it, and the refit model finds the
     capacity (~1 core) that explains that rate."""
-    from ebrl.resources.shape import Trial, recalibrate
+    from ebrl.resources.shape import Trial, recalibrate, rerank
 
     c = costs(busy=1.0, gen_fixed=0.01)
     choice = search(c, WORK, None, False, None, 0.005)
@@ -447,6 +447,14 @@ def test_recalibration_keeps_the_fastest_measured_shape_and_refits_the_model_to_
     assert [t["env_groups"] for t in rec.to_dict()["trials"]] == [2, 1]
     kept = recalibrate(choice, [Trial(choice.shape, 1, 1.0, 999), Trial(lock, 1, 1.0, 10)])
     assert not kept.changed
+    # in the run the refit model predicts the measured shapes only; every candidate at the end
+    assert {p.shape for p in rec.ranked} == {choice.shape, lock} and rec.rerank_s is None
+    done = rerank(dataclasses.replace(choice, recalibration=rec)).recalibration
+    assert done is not None and done.rerank_s is not None
+    assert {p.shape for p in done.ranked} == set(choice.shapes)
+    again = {p.shape: p.throughput for p in done.ranked}
+    assert all(again[p.shape] == pytest.approx(p.throughput) for p in rec.ranked)
+    assert len(done.to_dict()["predictions"]) == len(choice.shapes)
     with pytest.raises(ValueError, match="no shape was measured"):
         recalibrate(choice, [Trial(lock)])
 

@@ -40,7 +40,7 @@ from ebrl.resources.manager import ResourceSettings, RunResources, StageResource
 from ebrl.resources.model import Shape
 from ebrl.resources.monitors import DivergenceMonitor
 from ebrl.resources.profiler import Profile
-from ebrl.resources.shape import ShapeChoice, ShapeTrials, recalibrate
+from ebrl.resources.shape import ShapeChoice, ShapeTrials, recalibrate, rerank
 from ebrl.resources.split import Allocation, AllocationError
 from ebrl.resources.topology import Topology
 from ebrl.resources.watch import ShapeMove, ShapeWatch, SimMeter
@@ -333,13 +333,21 @@ class RunTimeManager:
 
     def close(self) -> None:
         """Record reallocations decided but not acknowledged by both stages before the end
-        (and a shape move no report came after)."""
+        (and a shape move no report came after); re-rank every candidate shape on the model the
+        trials refit (:func:`~ebrl.resources.shape.rerank`, left out of the run: it decides
+        nothing there) and save ``shape.json`` again."""
         for p in self.pending.values():
             self._record(p.realloc, p, applied=False)
         self.pending.clear()
         if self.moved is not None:
             self._record_move(self.moved[0], self.moved[1], latency=None)
             self.moved = None
+        if self.choice is not None and self.choice.recalibration is not None:
+            done = rerank(self.choice)
+            if done is not self.choice:
+                self.choice = done
+                if self.out_dir is not None:
+                    self.choice.save(self.out_dir)
 
     def watch_metrics(self) -> dict[str, float]:
         """The shape watch's gauges: the drift and its streak, the moves and the firings that

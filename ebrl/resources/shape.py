@@ -41,6 +41,7 @@ from ebrl.resources.model import (
     choose,
     costs_for,
     fit_cores,
+    rank,
     splits_of,
     thread_options,  # noqa: F401 (the measured thread counts: manage.py reads it from here)
     with_threads,
@@ -469,11 +470,13 @@ class Recalibration:
         cores: the machine's effective cores that make the model predict ``measured`` for
             the kept shape (:func:`ebrl.resources.model.fit_cores`), below the cores it was
             given where the solo profile misses contention.
-        ranked: every candidate's prediction at those cores, best first.
+        ranked: predictions at those cores, best first: of the measured shapes while the run
+            runs, of every candidate once :func:`rerank` has run (at the run's end).
         before: the shape the run started with; after: the one it runs from now on.
-        seconds: what refitting and re-ranking cost (the driver's CPU, once).
+        seconds: what refitting cost in the run (the driver's CPU, once).
         trials: every shortlisted shape as the run measured it, in the order they ran.
         trial_s: the seconds the trials took (the shapes' updates, start to end).
+        rerank_s: what re-ranking every candidate cost (None: not done yet).
     """
 
     measured: float
@@ -485,6 +488,7 @@ class Recalibration:
     seconds: float
     trials: tuple[Trial, ...] = ()
     trial_s: float = 0.0
+    rerank_s: float | None = None
 
     @property
     def changed(self) -> bool:
@@ -508,6 +512,7 @@ class Recalibration:
             "after": self.after.to_dict(),
             "seconds": self.seconds,
             "trial_s": self.trial_s,
+            "rerank_s": self.rerank_s,
             "trials": [t.to_dict() for t in self.trials],
             "predictions": [{**p.shape.to_dict(), "throughput": p.throughput} for p in self.ranked],
         }
@@ -539,8 +544,13 @@ def recalibrate(
     choice: ShapeChoice, trials: Sequence[Trial], trial_s: float = 0.0
 ) -> Recalibration:
     """The run keeps the fastest shape it measured; the model is refit to that rate (one number:
-    the machine's effective cores) and ranks every candidate again there (what the log, the
-    planner and ``shape.json`` read: how far the solo profile was from the run)."""
+    the machine's effective cores) and predicts each measured shape there (what the shape watch
+    corrects its model with).
+
+    Re-ranking every candidate at the refit cores (what the log, the planner and ``shape.json``
+    read: how far the solo profile was from the run) is left to :func:`rerank` at the run's end:
+    it decides nothing in the run, and on a machine the stages fill its CPU (about four times
+    the refit's) would come out of theirs."""
     t0 = time.perf_counter()
     assert choice.work is not None, "a ShapeChoice made by search() carries its workload"
     measured = [t for t in trials if t.updates > 0]
@@ -549,10 +559,25 @@ def recalibrate(
     best = max(measured, key=lambda t: t.rate)
     cores = fit_cores(choice.costs, choice.work, best.shape, best.rate)  # at its own split
     work = dataclasses.replace(choice.work, cores=cores)
-    _, ranked = choose(choice.costs, work, choice.shapes or (choice.shape,))
+    ranked = rank(choice.costs, work, list(dict.fromkeys(t.shape for t in measured)))
     rec = Recalibration(
         best.rate, choice.predicted(), cores, tuple(ranked), choice.shape, best.shape,
         time.perf_counter() - t0, tuple(trials), trial_s,
     )  # fmt: skip
     log.info("shape: %s", rec.describe())
     return rec
+
+
+def rerank(choice: ShapeChoice) -> ShapeChoice:
+    """``choice`` with its recalibration's ``ranked`` holding every candidate's prediction at
+    the refit cores (and what that took, ``rerank_s``); unchanged without a recalibration or
+    once done."""
+    rec = choice.recalibration
+    if rec is None or rec.rerank_s is not None:
+        return choice
+    t0 = time.perf_counter()
+    assert choice.work is not None, "a ShapeChoice made by search() carries its workload"
+    work = dataclasses.replace(choice.work, cores=rec.cores)
+    ranked = rank(choice.costs, work, choice.shapes or (choice.shape,))
+    done = dataclasses.replace(rec, ranked=tuple(ranked), rerank_s=time.perf_counter() - t0)
+    return dataclasses.replace(choice, recalibration=done)

@@ -485,6 +485,8 @@ class EBRLScheduler:
         finally:
             if manager is not None:
                 manager.close()
+                if manager.choice is not None:  # re-ranked on the refit model at the end
+                    self.shape_choice = manager.choice
             if to_stages is not None:
                 to_stages.close()
             self._shutdown(inbox, handles, backend, slots, book, authkey, ctx.timeline)
