@@ -366,7 +366,8 @@ def train(cfg: DictConfig) -> Summary:
             # a requeued job whose budget was already spent (a late USR2, a second requeue)
             # starts no workers: it only finishes
             for rep in () if _budget_spent(run, *prog.spent()) else gen:
-                t_last = time.perf_counter()
+                # when the update arrived, not when the scheduler was done with its report
+                t_last = max(t_last, time.perf_counter() if rep.at is None else rep.at)
                 now = wall0 + t_last - t_start
                 it = summary.iterations
                 summary.iterations += 1

@@ -148,3 +148,31 @@ def test_a_baseline_refusing_the_run_leaves_no_mlflow_run(tiny_cfg, tmp_path):
     with pytest.raises(ConfigError, match="fixed split of the cores; lower one"):
         train(cfg)
     assert not (tmp_path / "mlflow").exists()
+
+
+def test_the_steady_window_is_timed_on_the_reports_arrival(tiny_cfg, tmp_path, monkeypatch):
+    """The driver's own work on a report (the resource manager's refit, a search) must not move
+    the steady window's ends: throughput is timed on when each update's report arrived
+    (``IterationReport.at``), not on when the scheduler was done with it."""
+    import dataclasses
+    import time
+
+    from ebrl.schedulers.sync import SyncScheduler
+
+    arrived: list[tuple[float, int]] = []
+    orig = SyncScheduler.run
+
+    def stalling(self, ctx):
+        for rep in orig(self, ctx):
+            at = time.perf_counter()
+            arrived.append((at, rep.env_steps))
+            if rep.iteration == 1:  # the driver busy with the warm-up's last report
+                time.sleep(0.5)
+            yield dataclasses.replace(rep, at=at)
+
+    monkeypatch.setattr(SyncScheduler, "run", stalling)
+    s = train(tiny_cfg(["budget.iterations=5", "warmup_iters=2"]))
+    assert s.iterations == 5
+    (t_warm, _), (t_end, _) = arrived[1], arrived[-1]
+    steady_steps = sum(n for _, n in arrived[2:])
+    assert s.throughput_e2e == pytest.approx(steady_steps / (t_end - t_warm), rel=1e-9)

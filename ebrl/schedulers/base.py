@@ -44,12 +44,16 @@ class IterationReport:
         metrics: ``train/*``, ``env/*``, ``pipeline/*`` values for this iteration.
         params: run parameters decided while running (the shape the resource manager chose),
             logged once as MLflow params.
+        at: when the update's report reached the driver (``time.perf_counter``), before the
+            driver's own work on it (the resource manager's); the run's throughput is timed on
+            it, so that work cannot move the steady window's ends. None: when it is yielded.
     """
 
     iteration: int
     env_steps: int
     metrics: dict[str, float] = field(default_factory=dict)
     params: dict[str, Any] = field(default_factory=dict)
+    at: float | None = None
 
 
 @dataclass(frozen=True)

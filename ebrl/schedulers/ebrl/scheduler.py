@@ -595,6 +595,7 @@ class EBRLScheduler:
                 elif isinstance(m, Owed) and restarts is not None:
                     restarts.replace(m, handles)
                 elif isinstance(m, Report):
+                    arrived = time.perf_counter()  # before the manager's work on it
                     metrics = {**m.metrics, **merge_gauges(by_worker)}
                     metrics["pipeline/staleness_bound"] = float(plan.staleness)
                     if restarts is not None:
@@ -609,7 +610,7 @@ class EBRLScheduler:
                     if choice is not None:  # the first report carries the shape search's outcome
                         params = choice.params()
                         metrics.update(choice.metrics())
-                    yield IterationReport(m.iteration, m.env_steps, metrics, params)
+                    yield IterationReport(m.iteration, m.env_steps, metrics, params, arrived)
                 elif isinstance(m, Telemetry):
                     for span in m.spans:
                         ctx.timeline.add(span)
