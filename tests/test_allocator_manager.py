@@ -261,6 +261,33 @@ def test_one_manager_measures_the_shortlist_from_the_reports_and_keeps_the_faste
     assert m.choice.recalibration.rerank_s == saved["rerank_s"]
 
 
+def test_a_failed_re_rank_at_the_end_neither_fails_the_run_nor_loses_the_trials(
+    tmp_path, monkeypatch
+):
+    """The re-rank is bookkeeping in the run's clean-up (a ``finally``): if the model fails
+    there, the run's own outcome stands and ``shape.json`` keeps what the trials measured."""
+    from ebrl.resources import runtime
+    from ebrl.resources.shape import ShapeTrials, search, shortlist
+
+    from .test_shape_search import WORK, costs
+
+    choice = search(costs(tail=3.0, busy=0.05), WORK, None, None, None, 0.005)
+    short = shortlist(choice)
+    res = initial_resources(ResourceSettings(), TOPO, 2, None, max_gen_batch=8)
+    m = RunTimeManager(res, 16, out_dir=tmp_path, choice=choice, trials=ShapeTrials(short, 1, 1, 0))
+    m.connect(send_shape=lambda s: None)
+    for i in range(len(short) + 1):
+        m.report(i, 100, {}, at=float(i))
+
+    def stalled(choice):
+        raise RuntimeError("the modelled schedule stalled")
+
+    monkeypatch.setattr(runtime, "rerank", stalled)
+    m.close()
+    saved = json.loads((tmp_path / "shape.json").read_text())["recalibration"]
+    assert len(saved["trials"]) == len(short) and saved["rerank_s"] is None
+
+
 def test_algorithm_1_waits_for_the_shape_trials_to_end(tmp_path, monkeypatch):
     """While the trials move the shape, the rates move with it: Algorithm 1 observes from the
     update after the last trial, not before."""

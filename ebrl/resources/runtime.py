@@ -343,7 +343,12 @@ class RunTimeManager:
             self._record_move(self.moved[0], self.moved[1], latency=None)
             self.moved = None
         if self.choice is not None and self.choice.recalibration is not None:
-            done = rerank(self.choice)
+            try:
+                done = rerank(self.choice)
+            except Exception as e:  # bookkeeping: never hide why the run ended, nor fail it
+                log.warning("shape: re-ranking on the refit model failed (%s); shape.json "
+                            "keeps the measured shapes' predictions", e)  # fmt: skip
+                return
             if done is not self.choice:
                 self.choice = done
                 if self.out_dir is not None:
