@@ -342,7 +342,7 @@ class RunTimeManager:
         if self.moved is not None:
             self._record_move(self.moved[0], self.moved[1], latency=None)
             self.moved = None
-        if self.choice is not None and self.choice.recalibration is not None:
+        if self.choice is not None:  # rerank: unchanged without a recalibration
             try:
                 done = rerank(self.choice)
             except Exception as e:  # bookkeeping: never hide why the run ended, nor fail it
