@@ -252,3 +252,26 @@ def test_a_run_reshaped_in_flight_keeps_every_history_and_the_bound(monkeypatch,
     # the generator acted on whole groups, then one env at a time: its calls in the timeline
     batches = [dict(s.args)["batch"] for s in ctx.timeline.spans if s.stage == "gen"]
     assert batches[0] >= 3 and 1 in batches[batches.index(max(batches)) :]
+
+
+def test_the_timeline_keeps_every_train_span_when_the_run_stops_at_a_report(monkeypatch):
+    """The learner flushes its spans right behind its report: when both come in one read and
+    the run stops at that report, the train span still reaches the run's timeline (every train
+    call the learner made is in it)."""
+    from ebrl.runtime import channel
+
+    recv = channel.Inbox.recv
+
+    def slow_recv(self, timeout=None):  # let messages pile up: a report and its flush together
+        import time
+
+        time.sleep(0.03)
+        return recv(self, timeout)
+
+    monkeypatch.setattr(channel.Inbox, "recv", slow_recv)
+    cfg = fake_cfg()
+    sched = EBRLScheduler(backend="inprocess", overlap=False, pipeline=False, step_level=False)
+    reports, segments, ctx = collect(cfg, sched, 3, monkeypatch)
+    trains = [s for s in ctx.timeline.spans if s.stage == "train"]
+    assert len(reports) == 3
+    assert len(trains) == len(segments) >= 3

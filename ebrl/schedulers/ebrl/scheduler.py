@@ -35,6 +35,7 @@ import os
 import shutil
 import threading
 import time
+from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -394,6 +395,9 @@ class EBRLScheduler:
         )
         authkey, host = new_authkey(), node_ip()
         inbox = Inbox(authkey)
+        # messages read from the inbox and not handled yet: the run may end at a report that
+        # came in one read with later messages (the learner's flush right behind its report)
+        unread: deque[Any] = deque()
         slots: ShmSlots | None = None
         handles: list = []
         book: dict[str, Any] = {DRIVER: inbox.address}  # worker name -> inbox address
@@ -481,7 +485,7 @@ class EBRLScheduler:
                     send_split=to_stages.send if to_stages is not None else None,
                     send_shape=lambda shape: self._reshape(shape, restarts),
                 )
-            yield from self._relay(inbox, handles, ctx, plan, manager, restarts)
+            yield from self._relay(inbox, handles, ctx, plan, manager, restarts, unread)
         finally:
             if manager is not None:
                 manager.close()
@@ -489,7 +493,7 @@ class EBRLScheduler:
                     self.shape_choice = manager.choice
             if to_stages is not None:
                 to_stages.close()
-            self._shutdown(inbox, handles, backend, slots, book, authkey, ctx.timeline)
+            self._shutdown(inbox, handles, backend, slots, book, authkey, ctx.timeline, unread)
             if self.mps is not None:  # after its clients: the roles' processes are gone
                 self.mps.stop()
                 self.mps = None
@@ -583,13 +587,19 @@ class EBRLScheduler:
         plan: Plan,
         manager: RunTimeManager | None = None,
         restarts: _Restarts | None = None,
+        unread: deque[Any] | None = None,
     ):
         """Yield the learner's reports; merge telemetry; replace dead env workers; turn any
-        other failure into a StageError."""
+        other failure into a StageError. ``unread`` holds what was read and not handled when
+        the caller stops at a report (the shutdown keeps its spans)."""
         by_worker: dict[str, dict[str, float]] = {}  # each worker's latest gauges
         beats = _Heartbeats(self.hang_timeout_s, handles)
+        unread = deque() if unread is None else unread
         while True:
-            for m in inbox.recv(timeout=0.5):
+            if not unread:
+                unread.extend(inbox.recv(timeout=0.5))
+            while unread:
+                m = unread.popleft()
                 if isinstance(m, Beat):
                     beats.seen(m.worker)
                 elif isinstance(m, Owed) and restarts is not None:
@@ -691,9 +701,9 @@ class EBRLScheduler:
                     out.send(m)
                 out.close()
 
-    def _shutdown(self, inbox, handles, backend, slots, book, authkey, timeline) -> None:
-        """Stop every worker (politely, then by force), keep the spans their last flush sent,
-        free the slots; never raises."""
+    def _shutdown(self, inbox, handles, backend, slots, book, authkey, timeline, unread=()) -> None:
+        """Stop every worker (politely, then by force), keep the spans of the messages read
+        and not handled (``unread``) and of their last flush, free the slots; never raises."""
 
         def tell(addr: Any) -> None:
             with contextlib.suppress(Exception):  # a dead worker cannot be told
@@ -719,7 +729,7 @@ class EBRLScheduler:
             except Exception as e:  # keep shutting the others down
                 log.warning("stopping %s: %s", h.name, e)
         with contextlib.suppress(Exception):
-            _keep_last_spans(inbox, timeline)
+            _keep_last_spans(inbox, timeline, list(unread))
         with contextlib.suppress(Exception):
             backend.shutdown()
         inbox.close()
@@ -727,20 +737,30 @@ class EBRLScheduler:
             slots.close()
 
 
-def _keep_last_spans(inbox: Inbox, timeline: Any, quiet_s: float = 0.1, limit_s: float = 2.0):
-    """Add to ``timeline`` the spans of the workers' final flushes (each worker sends one when
+def _keep_last_spans(
+    inbox: Inbox,
+    timeline: Any,
+    unread: list[Any] | None = None,
+    quiet_s: float = 0.1,
+    limit_s: float = 2.0,
+) -> None:
+    """Add to ``timeline`` the spans of ``unread`` (messages the run's loop read and did not
+    handle before it stopped) and of the workers' final flushes (each worker sends one when
     it stops; the run's loop no longer reads them): read until the inbox stays quiet for
     ``quiet_s``, for at most ``limit_s``. Without it a short run's timeline misses its last
     spans, those since each worker's previous (throttled) flush."""
     deadline = time.monotonic() + limit_s
-    while time.monotonic() < deadline:
-        msgs = inbox.recv(timeout=quiet_s)
-        if not msgs:
-            return
+    msgs = list(unread or ())
+    while True:
         for m in msgs:
             if isinstance(m, Telemetry):
                 for span in m.spans:
                     timeline.add(span)
+        if time.monotonic() >= deadline:
+            return
+        msgs = inbox.recv(timeout=quiet_s)
+        if not msgs:
+            return
 
 
 #: gauges each replica reports whose run value is the oldest, not a sum
