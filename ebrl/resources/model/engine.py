@@ -191,7 +191,7 @@ def play(
     batch_args = [(("batch", b),) for b in range(n + 1)]
 
     def start_workers() -> None:
-        for w in sorted(startable):
+        for w in sorted(startable) if len(startable) > 1 else startable:
             unit, _ = current[w] = queues[w].popleft()
             job = sim_jobs[w]
             job.work = draw(len(unit)) + costs.message_s
@@ -337,7 +337,10 @@ def play(
                 for e in batch:
                     del rep.ready[e]
                     seg = decided[e] // t
-                    hist.setdefault(seg, [0] * (k + 1))[seg - rep.version] += 1
+                    row = hist.get(seg)
+                    if row is None:
+                        row = hist[seg] = [0] * (k + 1)
+                    row[seg - rep.version] += 1
                 rep.busy = True
                 counts["batches"] += 1
                 counts["envs"] += len(batch)
@@ -380,7 +383,7 @@ def play(
         while waits and waits[0][0] <= machine.now + 1e-12:
             waiting.discard(wait := heapq.heappop(waits))
             dirty.add(wait[1])
-        for r in sorted(dirty):
+        for r in sorted(dirty) if len(dirty) > 1 else dirty:
             if not reps[r].busy:
                 serve(r)
         dirty.clear()

@@ -98,6 +98,9 @@ class Job:
     remaining: float = 0.0  # several pools only: work left at full speed
     # the machine's: what it asks of each pool, its uses then its loads
     asked: tuple[tuple[_Pool, float], ...] = field(default=(), repr=False)
+    # the machine's: (uses, loads, pacing pools, asked) as last resolved (a job object the
+    # engine starts again and again resolves once)
+    resolved: tuple[object, object, _Asks, _Asks] | None = field(default=None, repr=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,21 +183,14 @@ class Machine:
         self._resolved[job.uses, job.loads] = out
         return out
 
-    def _renext(self) -> None:
-        """The next end in real time of every pool whose speed or first job changed."""
-        now = self.now
-        for pool in self._moved:
-            pool.version += 1
-            h = pool.heap
-            if h:
-                clock = pool.vt + pool.speed * (now - pool.vt_at)
-                left = max(0.0, h[0][0] - clock)
-                heapq.heappush(self._next, (now + left / pool.speed, pool.version, pool.index))
-        self._moved.clear()
-
     def add(self, job: Job) -> None:
         """Start ``job`` now."""
-        paced, asked = self._resolved.get((job.uses, job.loads)) or self._resolve(job)
+        r = job.resolved
+        if r is not None and r[0] is job.uses and r[1] is job.loads:
+            paced, asked = r[2], r[3]
+        else:
+            paced, asked = self._resolved.get((job.uses, job.loads)) or self._resolve(job)
+            job.resolved = (job.uses, job.loads, paced, asked)
         job.asked = asked
         seq = job.seq = self._seq
         self._seq += 1
@@ -205,7 +201,12 @@ class Machine:
             pool.demand += d
             if pool.asks is not None:
                 pool.asks[d] = pool.asks.get(d, 0) + 1
-            self._respeed(pool)
+                self._respeed(pool)
+            else:  # _respeed's plain case, inline (a pool is not empty after an add)
+                d = pool.demand
+                speed = 1.0 if d <= pool.capacity + 1e-9 else pool.capacity / d
+                if speed != pool.speed:
+                    self._set_speed(pool, speed)
         if len(paced) == 1:
             pool = paced[0][0]
             h = pool.heap
@@ -235,13 +236,16 @@ class Machine:
             cap = nom - (nom - cap) * beside
         speed = 1.0 if d <= cap + 1e-9 else cap / d
         if speed != pool.speed:
-            now = self.now
-            pool.vt += pool.speed * (now - pool.vt_at)
-            pool.vt_at = now
-            pool.speed = speed
-            self._moved.add(pool)
-            for seq in pool.multi:
-                self._reschedule(self._multi[seq])
+            self._set_speed(pool, speed)
+
+    def _set_speed(self, pool: _Pool, speed: float) -> None:
+        now = self.now
+        pool.vt += pool.speed * (now - pool.vt_at)
+        pool.vt_at = now
+        pool.speed = speed
+        self._moved.add(pool)
+        for seq in pool.multi:
+            self._reschedule(self._multi[seq])
 
     def _reschedule(self, job: Job) -> None:
         """Settle a several-pool job's work at its old rate, take the new one."""
@@ -271,9 +275,18 @@ class Machine:
         timers = self.timers
         if not self._running and not timers:
             return False
-        if self._moved:
-            self._renext()
         n, pools, moved = self._next, self._by_index, self._moved
+        if moved:  # the next end in real time of every pool whose speed or first job changed
+            now = self.now
+            for pool in moved:
+                pool.version += 1
+                h = pool.heap
+                if h:
+                    left = h[0][0] - (pool.vt + pool.speed * (now - pool.vt_at))
+                    if left < 0.0:
+                        left = 0.0
+                    heapq.heappush(n, (now + left / pool.speed, pool.version, pool.index))
+            moved.clear()
         while n and n[0][1] != pools[n[0][2]].version:  # stale
             heapq.heappop(n)
         at = n[0][0] if n else math.inf
@@ -330,7 +343,14 @@ class Machine:
                         del asks[d]
                     else:
                         asks[d] -= 1
-                self._respeed(pool)
+                    self._respeed(pool)
+                else:  # _respeed's plain case, inline
+                    if pool.count == 0:
+                        pool.demand = 0.0  # no float residue once the pool is empty
+                    d = pool.demand
+                    speed = 1.0 if d <= pool.capacity + 1e-9 else pool.capacity / d
+                    if speed != pool.speed:
+                        self._set_speed(pool, speed)
             records.append((j.kind, j.track, j.start, now, j.args))
         for j in finished:
             j.done()
