@@ -20,15 +20,17 @@ What is fitted, and on what:
   processes get together), fitted once per day on a small set of that day's runs, by least
   squares on log rates (:data:`FITS`): 2026-12-01 on the headline sweep's PushCube-v1 x
   transformer L runs of the four non-sync schedulers (20 runs); 2026-11-30 on the allocator's
-  even split (3 runs); 2026-11-29 and 2026-12-02 on their Async runs (3 each). The VM's
-  neighbours and the engine's commit change between days; within a day one number serves every
-  campaign.
+  even split (3 runs); 2026-11-29 and 2026-12-02 on their Async runs (3 each); 2026-12-06 on
+  the later headline sweep's PushCube-v1 x transformer L runs of Colocated, Hybrid and Async (15
+  runs: EBRL, whose shape its resource manager chose in the run, held out). The VM's neighbours
+  and the engine's commit change between days; within a day one number serves every campaign.
 
 Everything else is held out: the other three headline workloads, the scaling sweep (8, 16, 32
 envs), the ablation's variants, GRPO, the 2026-11-29 scheduler benchmark, the allocator's thread
-splits and batch sizes (with that campaign's own offline profile: no sync run there), and the
+splits and batch sizes (with that campaign's own offline profile: no sync run there), the
 shape-search runs of 2026-12-02 (with each run's own start-up profile, ``shape.json``, read by
-``ebrl.plan.from_run`` as ``python -m ebrl.plan --profile-from-run`` does).
+``ebrl.plan.from_run`` as ``python -m ebrl.plan --profile-from-run`` does), and the 2026-12-06
+headline sweep (EBRL as shipped: predicted at the shape each run kept, :data:`RUNTIME_SHAPES`).
 
 Writes ``runs.csv`` (one row per run: measured, predicted, error, its role), ``table.md``
 (per configuration, the error's median and 90th percentile over held-out runs, the ranking of
@@ -95,6 +97,7 @@ DAYS = {
     "grpo-cpu": "2026-12-01",
     "main/2026-12-02-shape": "2026-12-02",
     "main/2026-12-02-shape-sleep": "2026-12-02",
+    "headline-cpu-2026-12-06": "2026-12-06",
 }
 #: the day whose fit the one-fit variant applies to every day
 ONE_FIT = "2026-12-01"
@@ -104,6 +107,20 @@ FITS: dict[str, tuple[str, str | None, tuple[str, ...]]] = {
     "2026-11-30": ("allocator/2026-11-30", None, ("even",)),
     "2026-12-01": ("headline-cpu", "PushCube-v1 L N16", ("colocated", "hybrid", "async", "ebrl")),
     "2026-12-02": ("main/2026-12-02-shape", None, ("async",)),
+    # EBRL held out: its shape was the resource manager's at run time
+    "2026-12-06": (
+        "headline-cpu-2026-12-06",
+        "PushCube-v1 L N16",
+        ("colocated", "hybrid", "async"),
+    ),
+}
+#: campaigns whose EBRL runs chose their shape at run time (no ``scheduler.pipeline`` /
+#: ``step_level`` param): the shape and the (gen, train) threads the run kept, as the campaign's
+#: README reports them from each run's ``shape.json`` (not exported); the export's generator
+#: batches confirm the shape (:func:`export_runs` checks them)
+RUNTIME_SHAPES: dict[str, tuple[Shape, tuple[int, int]]] = {
+    # results/headline-cpu-2026-12-06/README.md: Async's shape in all 20 EBRL runs
+    "headline-cpu-2026-12-06": (Shape(1, False, 16, 0.005), (1, 1)),
 }
 
 
@@ -171,7 +188,7 @@ def export_runs(folder: str) -> list[Run]:
             for k in x.columns
             if k.startswith("time/") and k.endswith("/busy_s")
         }
-        name = CLASSES[r.scheduler]
+        name = CLASSES[r.get("scheduler_class", r.scheduler)]
         variant = r.get("param.variant")
         variant = variant if isinstance(variant, str) else ""
         if str(r.get("param.resources.allocator")) == "elastic":
@@ -191,7 +208,15 @@ def export_runs(folder: str) -> list[Run]:
         )
         shape = None
         config = name
-        if name == "ebrl":
+        if name == "ebrl" and pd.isna(r.get("param.scheduler.pipeline")):
+            shape, threads = RUNTIME_SHAPES[folder]  # the resource manager's choice
+            batch = x["pipeline/gen_batch_mean"]
+            if not shape.step_level and not np.allclose(batch, n / shape.groups):
+                raise ValueError(f"{folder} {r.run_id}: generator batches {set(batch)} are not "
+                                 f"{shape.describe()}'s")  # fmt: skip
+            wl["threads"] = {"async": (tg, tt), "ebrl": threads}
+            wl["staleness"] = int(float(r["param.scheduler.staleness"]))
+        elif name == "ebrl":
             overlap = _truthy(r.get("param.scheduler.overlap"))
             pipeline = _truthy(r.get("param.scheduler.pipeline"))
             step = _truthy(r.get("param.scheduler.step_level"))
@@ -205,7 +230,7 @@ def export_runs(folder: str) -> list[Run]:
         label = " ".join(
             str(p)
             for p in (
-                r.simulator,
+                r["param.simulator.task"],  # the task: newer exports name the simulator itself
                 size if isinstance(size, str) else "MLP",
                 f"GRPO-g{int(algo)}" if isinstance(algo, float) and not math.isnan(algo) else "",
                 f"N{n}",
@@ -536,7 +561,13 @@ def groups(ref: ThreadRef, refs: dict[str, ThreadRef] | None = None) -> list[Gro
         own = refs.get(policy_of(runs[0].workload), ref)
         return profile_from_turns([r for r in runs if r.profile_source], own)
 
-    for folder in ("headline-cpu", "scaling-cpu", "ablation-cpu", "grpo-cpu"):
+    for folder in (
+        "headline-cpu",
+        "scaling-cpu",
+        "ablation-cpu",
+        "grpo-cpu",
+        "headline-cpu-2026-12-06",
+    ):
         add(export_runs(folder), turns)
     add(summary_runs("scheduler/2026-11-29"), turns)
     for folder in ("allocator/2026-11-30", "allocator/2026-11-30-heldout"):

@@ -51,3 +51,28 @@ def test_each_policy_token_names_a_committed_offline_profile():
         ref = pv.thread_ref(folder)
         assert set(ref.gen) >= {1, 2} and set(ref.train) >= {1, 2}
     assert pv.policy_of("PickCube-v1 M N16") == "M" and pv.policy_of("PushCube-v1 MLP N32") == "MLP"
+
+
+def test_ebrl_runs_that_chose_their_shape_at_run_time_are_predicted_at_the_shape_they_kept():
+    """The 2026-12-06 headline's EBRL runs pin no shape (the resource manager chose it): they are
+    predicted at the shape and threads the campaign reports, under the task's own name."""
+    runs = [r for r in pv.export_runs("headline-cpu-2026-12-06") if r.scheduler == "ebrl"]
+    assert len(runs) == 20
+    assert {r.workload for r in runs} == {
+        "PushCube-v1 L N16", "PushCube-v1 M N16", "PickCube-v1 L N16", "PickCube-v1 M N16",
+    }  # fmt: skip
+    for r in runs:
+        assert r.shape is not None and (r.shape.groups, r.shape.step_level) == (1, False)
+        assert r.wl.threads["ebrl"] == (1, 1) and r.wl.staleness == 1
+
+
+def test_a_reported_shape_the_runs_generator_batches_contradict_is_refused(monkeypatch):
+    from ebrl.resources.model import Shape
+
+    monkeypatch.setitem(
+        pv.RUNTIME_SHAPES, "headline-cpu-2026-12-06", (Shape(2, False, 8, 0.005), (1, 1))
+    )
+    import pytest
+
+    with pytest.raises(ValueError, match="generator batches"):
+        pv.export_runs("headline-cpu-2026-12-06")
