@@ -25,8 +25,16 @@ bubbles, and the schedule itself as timeline spans.
 
 Modules: ``rules`` (the engine's rules, shared with it), ``machine`` (pools and processor
 sharing), ``types`` (what the model is given and predicts), ``engine`` (the schedule),
-``search`` (candidates, ranking, choice, effective cores).
+``search`` (candidates, ranking, choice, effective cores). ``native`` compiles ``rules``,
+``machine`` and ``engine`` with mypyc (``make setup``), about 2x faster with the same answers,
+and keeps a build that no longer matches the sources unused.
 """
+
+# ruff: noqa: E402 (the guard decides which files the imports below load, so it runs first)
+from ebrl.resources.model.native import guard
+
+#: whether the mypyc-compiled modules answer (``python -m ebrl.resources.model status``)
+COMPILED = guard()
 
 from ebrl.resources.model.engine import Played, gen_track, play, simulate
 from ebrl.resources.model.machine import Job, Machine, Span
@@ -60,6 +68,7 @@ from ebrl.resources.model.types import (
 )
 
 __all__ = [
+    "COMPILED",
     "CostTable",
     "Job",
     "Layout",

@@ -439,7 +439,8 @@ def _result(
     steps = (updates - warmup) * work.env_steps_per_update
     lanes = {"sim": len(work.workers), "gen": lay.replicas, "load": lay.replicas}
     busy: dict[str, float] = {}
-    done = {"gen": 0, "train": 0}  # seconds of the finished calls, summed in the order they ended
+    # seconds of the finished calls, summed in the order they ended
+    done: dict[str, float] = {"gen": 0.0, "train": 0.0}
     for stage, _, start, end, _ in machine.records:
         lo, hi = max(start, t0), min(end, t1)
         if hi > lo:

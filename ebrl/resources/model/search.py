@@ -46,7 +46,7 @@ def candidates(
     if True in step_level:
         g = groups[0] if groups else 1
         ms = [batch_min] if batch_min else sorted({max(1, n // d) for d in (2, 4, 8)}, reverse=True)
-        caps = [batch_max] if batch_max else [None, n]
+        caps: list[int | None] = [batch_max] if batch_max else [None, n]
         for m in ms:
             # a cap of M (or below) is the first M of N itself
             kept = dict.fromkeys(None if cap is None or cap <= m else cap for cap in caps)
@@ -93,7 +93,7 @@ def splits_of(gen_threads: Sequence[int], train_threads: Sequence[int]) -> list[
 def with_threads(shapes: Sequence[Shape], splits: Sequence[Split]) -> list[Shape]:
     """Each shape at each thread split, the splits in the order given (fewest threads first:
     a split that gains nothing leaves the cores to the others)."""
-    return [dataclasses.replace(s, threads=tuple(t)) for s in shapes for t in splits]
+    return [dataclasses.replace(s, threads=(t[0], t[1])) for s in shapes for t in splits]
 
 
 def rank(
