@@ -9,7 +9,9 @@ the wall clock to other work on a shared machine).
 
 With ``--against DIR`` (another checkout of the project, e.g. ``git worktree add /tmp/old
 <commit>``) the same rows are timed there too, in alternating subprocesses of this script, so a
-shared machine's load falls on both alike; the table then gives both times and their ratio.
+shared machine's load falls on both alike; the table then gives both times and their ratio. The
+last line says which schedule model answered in each: ``compiled`` (mypyc, ``make setup``) or
+``python`` (not built, stale, or ``EBRL_MODEL_PURE=1``).
 
 Usage: python benchmarks/plan_speed.py [--repeat 3] [--against /tmp/old] [--only g16]
 """
@@ -66,14 +68,22 @@ def measure(repeat: int, only: str | None) -> dict[str, float]:
     return out
 
 
-def run_in(root: Path, repeat: int, only: str | None) -> dict[str, float]:
-    """:func:`measure` in a subprocess on the checkout at ``root``."""
+def model_kind() -> str:
+    """Which schedule model answers in this process: ``compiled`` (mypyc) or ``python``."""
+    import ebrl.resources.model as model
+
+    return "compiled" if getattr(model, "COMPILED", False) else "python"
+
+
+def run_in(root: Path, repeat: int, only: str | None) -> tuple[dict[str, float], str]:
+    """:func:`measure` in a subprocess on the checkout at ``root``, and its :func:`model_kind`."""
     env = {**os.environ, "PYTHONPATH": str(root)}
     cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", "--repeat", str(repeat)]
     if only:
         cmd += ["--only", only]
     res = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, check=True)
-    return json.loads(res.stdout)
+    out = json.loads(res.stdout)
+    return out["times"], out["model"]
 
 
 def table(new: dict[str, float], ref: dict[str, float] | None) -> str:
@@ -98,19 +108,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.worker:
-        print(json.dumps(measure(args.repeat, args.only)))
+        print(json.dumps({"times": measure(args.repeat, args.only), "model": model_kind()}))
         return 0
     if args.against is None:
         sys.path.insert(0, str(ROOT))
         print(table(measure(args.repeat, args.only), None))
+        print(f"\nschedule model: {model_kind()}")
         return 0
     new: dict[str, float] = {}
     ref: dict[str, float] = {}
+    kinds: dict[str, str] = {}
     for _ in range(args.rounds):  # alternate, so the machine's load falls on both alike
-        for root, into in ((args.against.resolve(), ref), (ROOT, new)):
-            for key, s in run_in(root, args.repeat, args.only).items():
+        for root, into, who in ((args.against.resolve(), ref, "reference"), (ROOT, new, "this")):
+            times, kinds[who] = run_in(root, args.repeat, args.only)
+            for key, s in times.items():
                 into[key] = min(into.get(key, float("inf")), s)
     print(table(new, ref))
+    this, reference = kinds["this"], kinds["reference"]
+    print(f"\nschedule model: this checkout's {this}, the reference's {reference}")
     return 0
 
 
