@@ -18,6 +18,16 @@ ROOT = Path(__file__).resolve().parents[1]
 SUFFIX = importlib.machinery.EXTENSION_SUFFIXES[0]
 
 
+def fake_build(folder: Path, content: bytes, sources: dict[str, str] | None) -> None:
+    """Files where a build of the model in ``folder`` puts its extensions (holding
+    ``content``), and its record of ``sources`` (None: the sources in ``folder``)."""
+    for m in native.MODULES:
+        (folder / f"{m}{SUFFIX}").write_bytes(content)
+    (folder.parents[1] / f"_model_native__mypyc{SUFFIX}").write_bytes(b"")
+    sources = native.source_hashes(folder) if sources is None else sources
+    (folder / native.RECORD).write_text(json.dumps({"sources": sources}))
+
+
 def fake_tree(tmp_path: Path, built: bool = True, record: bool = True) -> Path:
     """A copy of the compiled modules' sources in ``<tmp>/ebrl/resources/model``, with empty
     files where a build puts its extensions and, optionally, the build's record."""
@@ -25,13 +35,10 @@ def fake_tree(tmp_path: Path, built: bool = True, record: bool = True) -> Path:
     folder.mkdir(parents=True)
     for m in native.MODULES:
         (folder / f"{m}.py").write_bytes((native.HERE / f"{m}.py").read_bytes())
-        if built:
-            (folder / f"{m}{SUFFIX}").write_bytes(b"")
     if built:
-        (tmp_path / "ebrl" / f"_model_native__mypyc{SUFFIX}").write_bytes(b"")
-    if record:
-        sources = native.source_hashes(folder)
-        (folder / "compiled.json").write_text(json.dumps({"sources": sources}))
+        fake_build(folder, b"", None)
+        if not record:
+            (folder / native.RECORD).unlink()
     return folder
 
 
@@ -126,22 +133,18 @@ def _copy_of_ebrl(tmp_path: Path) -> Path:
     """This checkout's ``ebrl`` package in ``tmp_path``, without any build of the model."""
     import shutil
 
-    shutil.copytree(
-        ROOT / "ebrl", tmp_path / "ebrl", ignore=shutil.ignore_patterns("*.so", "__pycache__")
-    )
-    (tmp_path / "ebrl" / "resources" / "model" / "compiled.json").unlink(missing_ok=True)
+    skip = shutil.ignore_patterns("*.so", "__pycache__", native.RECORD)
+    shutil.copytree(ROOT / "ebrl", tmp_path / "ebrl", ignore=skip)
     return tmp_path / "ebrl" / "resources" / "model"
 
 
-def _import_in(
-    tmp_path: Path, env_extra: dict[str, str] | None = None
-) -> subprocess.CompletedProcess:
+def _import_in(tmp_path: Path) -> subprocess.CompletedProcess:
     code = (
         "import sys, ebrl.resources.model as m; "
         "print(m.COMPILED, sys.modules['ebrl.resources.model.engine'].__file__)"
     )
     env = {k: v for k, v in os.environ.items() if k != native.PURE_ENV}
-    env.update(PYTHONPATH=str(tmp_path), **(env_extra or {}))
+    env["PYTHONPATH"] = str(tmp_path)
     return subprocess.run(
         [sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True
     )
@@ -151,10 +154,7 @@ def test_an_extension_that_does_not_load_leaves_the_sources_in_charge(tmp_path: 
     """A build whose record matches but whose files do not load (another Python's, a cut-off
     copy): the package warns and runs the sources instead of failing the run."""
     folder = _copy_of_ebrl(tmp_path)
-    for m in native.MODULES:
-        (folder / f"{m}{SUFFIX}").write_bytes(b"not a shared library")
-    (tmp_path / "ebrl" / f"_model_native__mypyc{SUFFIX}").write_bytes(b"")
-    (folder / "compiled.json").write_text(json.dumps({"sources": native.source_hashes(folder)}))
+    fake_build(folder, b"not a shared library", None)
     res = _import_in(tmp_path)
     assert res.returncode == 0, res.stderr
     compiled, engine = res.stdout.split()
@@ -164,10 +164,7 @@ def test_an_extension_that_does_not_load_leaves_the_sources_in_charge(tmp_path: 
 
 def test_a_stale_build_is_passed_over_with_a_warning(tmp_path: Path) -> None:
     folder = _copy_of_ebrl(tmp_path)
-    for m in native.MODULES:
-        (folder / f"{m}{SUFFIX}").write_bytes(b"built from other sources")
-    (tmp_path / "ebrl" / f"_model_native__mypyc{SUFFIX}").write_bytes(b"")
-    (folder / "compiled.json").write_text(json.dumps({"sources": {"engine": "0" * 64}}))
+    fake_build(folder, b"built from other sources", {"engine": "0" * 64})
     res = _import_in(tmp_path)
     assert res.returncode == 0, res.stderr
     assert res.stdout.split() == ["False", str(folder / "engine.py")]

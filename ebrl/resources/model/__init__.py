@@ -25,9 +25,9 @@ bubbles, and the schedule itself as timeline spans.
 
 Modules: ``rules`` (the engine's rules, shared with it), ``machine`` (pools and processor
 sharing), ``types`` (what the model is given and predicts), ``engine`` (the schedule),
-``search`` (candidates, ranking, choice, effective cores). ``native`` compiles ``rules``,
-``machine`` and ``engine`` with mypyc (``make setup``), about 2x faster with the same answers,
-and keeps a build that no longer matches the sources unused.
+``search`` (candidates, ranking, choice, effective cores). ``native`` compiles ``machine`` and
+``engine`` with mypyc (``make setup``), about 2x faster with the same answers, and keeps a build
+that no longer matches the sources unused.
 """
 
 # ruff: noqa: E402 (the guard decides which files the imports below load, so it runs first)

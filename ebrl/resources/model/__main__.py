@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import argparse
-import shutil
 import sys
 from pathlib import Path
 
@@ -15,7 +14,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m ebrl.resources.model")
     sub = ap.add_subparsers(dest="cmd", required=True)
     b = sub.add_parser("build", help="compile the schedule model with mypyc")
-    b.add_argument("--build-dir", default=".cache/mypyc", help="C sources and objects")
+    b.add_argument("--build-dir", default=".cache/mypyc", help="scratch: C sources, objects")
     b.add_argument(
         "--optional",
         action="store_true",
@@ -41,8 +40,6 @@ def main(argv: list[str] | None = None) -> int:
             raise SystemExit(msg) from err
         print(f"warning: {msg}; the Python sources run it, about 2x slower", file=sys.stderr)
         return 0
-    finally:
-        shutil.rmtree(args.build_dir, ignore_errors=True)
     print(f"compiled schedule model: {', '.join(p.name for p in built)}")
     return 0
 

@@ -42,7 +42,8 @@ MODULES = ("machine", "engine")
 #: which has finished importing when the modules' shims load it (a module of this package
 #: would be loaded while the package is still importing, which mypyc's shims cannot do)
 GROUP = "ebrl._model_native"
-RECORD = HERE / "compiled.json"
+#: the build's record (beside the modules): the hashes of the sources it compiled
+RECORD = "compiled.json"
 PURE_ENV = "EBRL_MODEL_PURE"
 REBUILD = "make compile-model (or: python -m ebrl.resources.model build)"
 
@@ -71,7 +72,7 @@ def state(folder: Path = HERE, environ: dict[str, str] | None = None) -> tuple[b
         return False, "not built"
     if env.get(PURE_ENV, "") not in ("", "0"):
         return False, f"{PURE_ENV}={env[PURE_ENV]}"
-    record = folder / RECORD.name
+    record = folder / RECORD
     if not record.exists():
         return False, f"stale: {', '.join(p.name for p in built)} but no {record.name}"
     want = json.loads(record.read_text()).get("sources", {})
@@ -106,8 +107,6 @@ def guard() -> bool:
         )
     for m in MODULES:
         name = f"{PACKAGE}.{m}"
-        if name in sys.modules:
-            continue
         spec = importlib.util.spec_from_file_location(name, HERE / f"{m}.py")
         assert spec is not None and spec.loader is not None
         module = importlib.util.module_from_spec(spec)
@@ -119,8 +118,8 @@ def guard() -> bool:
 def clean(folder: Path = HERE) -> list[Path]:
     """Remove the built extensions and the record; returns what was removed."""
     gone = extensions(folder)
-    if (folder / RECORD.name).exists():
-        gone.append(folder / RECORD.name)
+    if (folder / RECORD).exists():
+        gone.append(folder / RECORD)
     for p in gone:
         p.unlink()
     return gone
@@ -128,7 +127,8 @@ def clean(folder: Path = HERE) -> list[Path]:
 
 def build(build_dir: Path, folder: Path = HERE) -> list[Path]:
     """Compile the modules with mypyc into extensions beside their sources and record the
-    sources' hashes. Raises what mypyc or the C compiler raises (a type error, no compiler)."""
+    sources' hashes; ``build_dir`` (C sources, objects) is made empty first and removed after.
+    Raises what mypyc or the C compiler raises (a type error, no compiler)."""
     from mypyc.build import mypycify  # type: ignore[import-untyped]  # the dev extra's mypy
     from setuptools import Distribution  # type: ignore[import-untyped]
 
@@ -158,6 +158,7 @@ def build(build_dir: Path, folder: Path = HERE) -> list[Path]:
         cmd.run()
     finally:
         os.chdir(cwd)
+        shutil.rmtree(build_dir, ignore_errors=True)
     built = extensions(folder)
     if len(built) != len(MODULES) + 1:
         raise RuntimeError(f"mypyc built {[p.name for p in built]}: expected every module")
@@ -169,5 +170,5 @@ def build(build_dir: Path, folder: Path = HERE) -> list[Path]:
         "python": sys.version.split()[0],
         "extensions": [p.name for p in built],
     }
-    (folder / RECORD.name).write_text(json.dumps(record, indent=1) + "\n")
+    (folder / RECORD).write_text(json.dumps(record, indent=1) + "\n")
     return built
