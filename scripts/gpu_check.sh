@@ -20,9 +20,15 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # the project's venv (make setup); else the python3 on PATH (a machine whose image has a CUDA
-# torch, with ebrl installed there: pip install --no-deps -e .)
+# torch), where ebrl is installed if it is not yet. The install works with no package registry:
+# --no-deps (the image's packages stay), --no-build-isolation (pip would otherwise fetch the
+# build backend, setuptools, into a fresh environment; the image's own is used)
 if [ -z "${PY:-}" ]; then
   if [ -x .venv/bin/python ]; then PY=.venv/bin/python; else PY=python3; fi
+fi
+if ! "$PY" -c 'import importlib.metadata as m; m.version("ebrl")' 2>/dev/null; then
+  echo "installing ebrl into $PY: pip install --no-deps --no-build-isolation -e ."
+  "$PY" -m pip install -q --no-deps --no-build-isolation -e .
 fi
 # the embedded simulator (PushCube) where ManiSkill is installed, else the synthetic one
 SIM=${SIM:-$("$PY" -c 'import importlib.util as u; print("pushcube" if u.find_spec("mani_skill") else "synthetic")')}
