@@ -7,13 +7,16 @@ programs; the launcher's routing; the dry run's account of it. The real thing ru
 from __future__ import annotations
 
 import contextlib
+import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 from typing import ClassVar
 
 import psutil
@@ -44,17 +47,19 @@ def env_of(procid: int, node: str, **extra: str) -> dict[str, str]:
 
 def expand(nodelist: str) -> list[str]:
     """``scontrol show hostnames`` for the node lists these tests use."""
+    if "[" not in nodelist:
+        return nodelist.split(",")
     return {"gpu[01-03]": ["gpu01", "gpu02", "gpu03"], "gpu[01-02]": ["gpu01", "gpu02"]}[nodelist]
 
 
 def task(procid: int, node: str, **extra: str) -> SlurmTask:
-    t = sc.slurm_task(env_of(procid, node, **extra), hostnames=expand)
+    t = sc.slurm_task(env_of(procid, node, **extra), hostnames=expand, usable_cpus=lambda: 96)
     assert t is not None
     return t
 
 
 def plan(procid: int, node: str, **extra: str) -> NodePlan:
-    return sc.plan_node(task(procid, node, **extra), resolve=HOSTS.__getitem__)
+    return sc.plan_node(task(procid, node, **extra), resolve=HOSTS.__getitem__, env={})
 
 
 # --- the Slurm environment --------------------------------------------------------------------
@@ -78,6 +83,19 @@ def test_each_task_reads_its_rank_node_hosts_cpus_and_gpus():
         hostnames=expand,
     )
     assert t is not None and t.hosts == ("gpu01", "gpu02")
+
+
+def test_ray_gets_the_cpus_the_task_may_run_on_not_what_slurm_says(monkeypatch):
+    # Slurm 22.05-23.02: an srun without --cpus-per-task may bind a task to one CPU while
+    # SLURM_CPUS_PER_TASK still says what the job asked for
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {5})
+    t = sc.slurm_task(env_of(1, "gpu02", SLURM_CPUS_PER_TASK="96"), hostnames=expand)
+    assert t is not None and (t.cpus, t.slurm_cpus) == (1, 96)
+    assert "--num-cpus=1" in sc.plan_node(t, resolve=HOSTS.__getitem__, env={}).command()
+    # a task free to run on more CPUs than it was given gets what it was given
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(128)))
+    t = sc.slurm_task(env_of(1, "gpu02", SLURM_CPUS_PER_TASK="96"), hostnames=expand)
+    assert t is not None and (t.cpus, t.slurm_cpus) == (96, 96)
 
 
 @pytest.mark.parametrize(
@@ -118,7 +136,96 @@ def test_every_task_agrees_on_the_head_and_its_port_a_pure_function_of_the_job()
 def test_the_head_must_run_on_the_first_node():
     t = task(0, "gpu02")
     with pytest.raises(ClusterError, match="task 0 runs on gpu02, but the job's first node"):
-        sc.plan_node(t, resolve=HOSTS.__getitem__)
+        sc.plan_node(t, resolve=HOSTS.__getitem__, env={})
+
+
+# --- the node's address on a host whose name resolves to loopback -----------------------------
+#: what Debian's and Ubuntu's /etc/hosts give for the host's own name
+DEBIAN = "127.0.1.1"
+#: each node's interfaces (IPv4 addresses of those that are up)
+IFACES = {
+    n: {"lo": ["127.0.0.1"], "eth0": [ip], "ib0": [ip.replace("10.0.", "10.1.")]}
+    for n, ip in HOSTS.items()
+}
+
+
+def resolver_on(node: str):
+    """``gethostbyname`` as ``node`` sees it: its own name from /etc/hosts (loopback), the
+    others' from DNS."""
+    return lambda name: DEBIAN if name == node else HOSTS[name]
+
+
+def plan_on(procid: int, node: str, env=None, route=None, ifaces=None, **extra: str) -> NodePlan:
+    """Task ``procid``'s plan as computed on ``node`` (a Debian host): its route to any peer
+    leaves from its eth0 address unless ``route`` says otherwise."""
+    return sc.plan_node(
+        task(procid, node, **extra),
+        resolve=resolver_on(node),
+        route=route or (lambda peer: HOSTS[node]),
+        interfaces=lambda: IFACES[node] if ifaces is None else ifaces,
+        env=env or {},
+    )
+
+
+def test_a_host_name_resolving_to_loopback_gives_this_hosts_routable_address():
+    """Through the system's own routing table and interfaces (this machine's)."""
+    import ipaddress
+
+    import psutil
+
+    ours = {
+        a.address
+        for addrs in psutil.net_if_addrs().values()
+        for a in addrs
+        if a.family == socket.AF_INET
+    }
+    if all(ipaddress.ip_address(a).is_loopback for a in ours):
+        pytest.skip("this machine has no address but loopback")
+    p = sc.plan_node(task(0, "gpu01"), resolve=resolver_on("gpu01"), env={})
+    assert not ipaddress.ip_address(p.node_ip).is_loopback, p.node_ip
+    assert p.node_ip in ours
+    assert p.head_address == f"{p.node_ip}:{sc.head_port(123456)}"
+
+
+def test_every_node_gets_the_address_its_peers_reach_under_debians_etc_hosts():
+    head, worker = plan_on(0, "gpu01"), plan_on(1, "gpu02")
+    port = sc.head_port(123456)
+    assert (head.node_ip, head.head_address) == ("10.0.0.1", f"10.0.0.1:{port}")
+    assert (worker.node_ip, worker.head_address) == ("10.0.0.2", f"10.0.0.1:{port}")
+    assert "--node-ip-address=10.0.0.1" in head.command()
+    # no route known: the host's first address that is not loopback
+    nowhere = plan_on(1, "gpu02", route=lambda peer: None)
+    assert nowhere.node_ip == "10.0.0.2"
+    # an interface named in the environment wins (a cluster's fast network)
+    assert plan_on(1, "gpu02", env={"EBRL_RAY_INTERFACE": "ib0"}).node_ip == "10.1.0.2"
+
+
+def test_an_interface_that_does_not_exist_is_refused_by_name():
+    with pytest.raises(ClusterError, match=r"EBRL_RAY_INTERFACE=ib7.*gpu02.*eth0, ib0"):
+        plan_on(1, "gpu02", env={"EBRL_RAY_INTERFACE": "ib7"})
+
+
+def test_only_loopback_on_a_job_of_several_hosts_is_refused_with_the_fix():
+    lo = {"lo": ["127.0.0.1"]}
+    with pytest.raises(ClusterError, match=r"gpu01 resolves to 127.0.1.1.*EBRL_RAY_INTERFACE"):
+        plan_on(0, "gpu01", route=lambda peer: "127.0.0.1", ifaces=lo)
+    # a worker that finds the head's host only on loopback could never reach it
+    with pytest.raises(ClusterError, match=r"the head's node gpu01 resolves to 127.0.1.1 on gpu02"):
+        sc.plan_node(
+            task(1, "gpu02"),
+            resolve=lambda name: DEBIAN,
+            route=lambda peer: None,
+            interfaces=lambda: IFACES["gpu02"],
+            env={},
+        )
+
+
+def test_tasks_sharing_one_host_may_meet_on_loopback():
+    one = {"SLURM_JOB_NODELIST": "gpu01,gpu01", "SLURM_NTASKS": "2"}
+    lo = {"lo": ["127.0.0.1"]}
+    plans = [plan_on(i, "gpu01", route=lambda peer: None, ifaces=lo, **one) for i in (0, 1)]
+    assert {p.node_ip for p in plans} == {DEBIAN}
+    assert {p.head_address for p in plans} == {f"{DEBIAN}:{sc.head_port(123456)}"}
 
 
 def test_ray_start_commands_of_the_head_and_a_worker():
@@ -450,6 +557,103 @@ def test_the_head_stops_its_node_when_the_nodes_do_not_join_or_training_fails():
     assert FakeNode.made[0].stopped
 
 
+def test_the_head_writes_the_jobs_token_before_ray_starts_and_removes_it_after(tmp_path):
+    FakeNode.made.clear()
+    seen: dict = {}
+
+    class Recording(FakeNode):
+        def start(self):
+            path = self.env["RAY_AUTH_TOKEN_PATH"]
+            seen["at start"] = (Path(path).read_text(), os.stat(path).st_mode & 0o777)
+            super().start()
+
+    p = sc.plan_node(task(0, "gpu01"), resolve=HOSTS.__getitem__, env={}, shared_dir=str(tmp_path))
+    token = tmp_path / "123456_ray_auth_token"
+    assert p.token_path == str(token) and p.environment({})["RAY_AUTH_TOKEN_PATH"] == str(token)
+    environ: dict[str, str] = {}
+    with sc.head_cluster(
+        p, environ=environ, node_factory=Recording, wait_nodes=fake_wait(), watchdog=False
+    ):
+        assert environ["RAY_AUTH_TOKEN_PATH"] == str(token)  # the driver reads it too
+    text, mode = seen["at start"]
+    assert len(text) == 64 and int(text, 16) >= 0 and mode == 0o600
+    assert not token.exists() and environ == {}
+    # the next attempt makes a new one (the first was removed with its head)
+    FakeNode.made.clear()
+    with sc.head_cluster(
+        p, environ={}, node_factory=Recording, wait_nodes=fake_wait(), watchdog=False
+    ):
+        assert token.read_text() != text
+
+
+@pytest.mark.parametrize(
+    "given",
+    [
+        {"RAY_AUTH_TOKEN": "t" * 64},
+        {"RAY_AUTH_TOKEN_PATH": "/shared/tok"},
+        {"RAY_AUTH_MODE": "disabled"},
+    ],
+)
+def test_a_token_or_mode_the_user_gives_is_left_to_ray(tmp_path, given):
+    p = sc.plan_node(
+        task(0, "gpu01"), resolve=HOSTS.__getitem__, env=given, shared_dir=str(tmp_path)
+    )
+    assert p.token_path is None
+    env = p.environment(given)
+    assert env.get("RAY_AUTH_TOKEN_PATH") == given.get("RAY_AUTH_TOKEN_PATH")
+    assert not list(tmp_path.iterdir())
+
+
+def test_without_a_shared_folder_the_head_makes_rays_own_token_file_if_missing(tmp_path):
+    p = plan(0, "gpu01")
+    assert p.token_path is None
+    home = tmp_path / "home"
+    with sc.head_cluster(
+        p,
+        environ={"HOME": str(home)},
+        node_factory=FakeNode,
+        wait_nodes=fake_wait(),
+        watchdog=False,
+    ):
+        pass
+    made = (home / ".ray" / "auth_token").read_text()
+    assert len(made) == 64  # kept: it is the user's, as a local ray.init() would leave it
+    with sc.head_cluster(
+        p,
+        environ={"HOME": str(home)},
+        node_factory=FakeNode,
+        wait_nodes=fake_wait(),
+        watchdog=False,
+    ):
+        pass
+    assert (home / ".ray" / "auth_token").read_text() == made
+
+
+def test_a_worker_joins_with_the_jobs_token_and_refuses_when_it_cannot_read_it(tmp_path):
+    p = sc.plan_node(task(1, "gpu02"), resolve=HOSTS.__getitem__, env={}, shared_dir=str(tmp_path))
+    opts = {
+        "node_factory": FakeNode,
+        "reachable": Head(down=30),
+        "environ": {},
+        "join_timeout_s": 0.5,
+        "leave_after_s": 0.2,
+        "poll_s": 0.01,
+        "watchdog": False,
+    }
+    FakeNode.made.clear()
+    with pytest.raises(
+        ClusterError,
+        match=r"token file .*123456_ray_auth_token is not readable "
+        r"on gpu02.*submitit_folder",
+    ):
+        sc.serve_worker(p, **opts)
+    assert not FakeNode.made
+    sc.write_token(str(tmp_path / "123456_ray_auth_token"))
+    sc.serve_worker(p, **opts)
+    (node,) = FakeNode.made
+    assert node.env["RAY_AUTH_TOKEN_PATH"] == str(tmp_path / "123456_ray_auth_token")
+
+
 def test_waiting_for_nodes_stops_when_the_head_ends_or_the_time_is_up():
     with socket.socket() as s:  # a port nothing listens on
         s.bind(("127.0.0.1", 0))
@@ -512,7 +716,9 @@ def launcher(monkeypatch):
     monkeypatch.setattr(sl.SlurmLauncher.__bases__[0], "__call__", job)
     monkeypatch.setattr(sc, "head_cluster", head_cluster)
     monkeypatch.setattr(sc, "serve_worker", serve_worker)
-    monkeypatch.setattr(sc, "plan_node", lambda t: real_plan(t, resolve=HOSTS.__getitem__))
+    monkeypatch.setattr(
+        sc, "plan_node", lambda t, **kw: real_plan(t, resolve=HOSTS.__getitem__, env={}, **kw)
+    )
     for k in [k for k in os.environ if k.startswith("SLURM")]:
         monkeypatch.delenv(k)
 
@@ -556,6 +762,45 @@ def test_without_ray_task_0_trains_alone_and_the_others_end(launcher):
     assert seen["events"] == [] and ret.return_value is None
 
 
+def test_srun_binds_each_task_to_the_cpus_the_job_asked_for(tmp_path):
+    """Through the shipped launcher configs: the job script's srun line says --cpus-per-task
+    (Slurm 22.05-23.02's srun does not take it from the batch script's environment)."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.utils import instantiate
+    from submitit.slurm.slurm import _make_sbatch_string
+
+    from ebrl.train import CONF_DIR
+
+    for launcher in ("slurm", "slurm_gres"):
+        GlobalHydra.instance().clear()
+        with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+            cfg = compose(
+                "config",
+                [f"launcher={launcher}", "launcher.cpus_per_task=3"],
+                return_hydra_config=True,
+            )
+        lau = instantiate(cfg.hydra.launcher, submitit_folder=str(tmp_path))
+        assert lau.params["srun_args"] == ["--cpus-per-task=3"], launcher
+        text = _make_sbatch_string(
+            command="python -u job.py", folder=str(tmp_path), srun_args=lau.params["srun_args"]
+        )
+        (srun,) = [ln for ln in text.splitlines() if ln.startswith("srun ")]
+        assert "--cpus-per-task=3" in srun.split(), srun
+    GlobalHydra.instance().clear()
+    # the user's own srun flag wins; no CPU count, no flag
+    from hydra_plugins.ebrl_launcher.slurm_launcher import srun_args
+
+    assert srun_args(4, ["--cpus-per-task=8", "--cpu-bind=cores"]) == [
+        "--cpus-per-task=8",
+        "--cpu-bind=cores",
+    ]
+    assert srun_args(None) == [] and srun_args(2, ["--mpi=none"]) == [
+        "--mpi=none",
+        "--cpus-per-task=2",
+    ]
+
+
 # --- the dry run ------------------------------------------------------------------------------
 def test_dry_run_says_a_two_node_job_starts_a_ray_cluster():
     from ebrl.launch import describe, plan
@@ -579,3 +824,102 @@ def test_nodes_command_usage():
         [sys.executable, "-m", "ebrl.runtime.slurm_cluster"], capture_output=True, text=True
     )
     assert out.returncode != 0 and "usage" in out.stderr
+
+
+# --- a real two-node Ray cluster with token authentication, from a fresh home -----------------
+#: one task of a two-task Slurm job on this machine, doing what the launcher does in it:
+#: argv: the job's shared folder, the join timeout (s). Task 0 runs a task on task 1's node.
+TASK_OF_TWO = textwrap.dedent(
+    """
+    import dataclasses, json, os, stat, sys
+    from ebrl.runtime import slurm_cluster as sc
+
+    t = sc.slurm_task(os.environ)
+    plan = sc.plan_node(t, shared_dir=sys.argv[1])  # the launcher's: Submitit's job folder
+    if not t.head:
+        rep = sc.serve_worker(plan, join_timeout_s=float(sys.argv[2]), leave_after_s=3.0)
+        print("REPORT", json.dumps(dataclasses.asdict(rep)), flush=True)
+        sys.exit(0)
+    with sc.head_cluster(plan, timeout_s=float(sys.argv[2])) as nodes:
+        import ray
+
+        @ray.remote(num_cpus=0, resources={"slurm_task_1": 1})
+        def where():
+            return ray.get_runtime_context().get_node_id()
+
+        token = os.environ["RAY_AUTH_TOKEN_PATH"]
+        mode = oct(stat.S_IMODE(os.stat(token).st_mode))
+        ray.init(address="auto", log_to_driver=False)
+        try:
+            ran_on = ray.get(where.remote(), timeout=120)
+        finally:
+            ray.shutdown()
+    print("REPORT", json.dumps({"nodes": nodes, "ran_on": ran_on, "token": token,
+                                "mode": mode}), flush=True)
+    """
+)
+
+
+def report_of(out: str) -> dict:
+    lines = [ln for ln in out.splitlines() if ln.startswith("REPORT ")]
+    assert lines, out[-6000:]
+    return json.loads(lines[-1].removeprefix("REPORT "))
+
+
+@pytest.mark.slow
+def test_a_two_node_ray_cluster_with_token_auth_starts_from_a_fresh_home(tmp_path):
+    """Two Slurm tasks on this machine, each a Ray node started by slurm_cluster's own code;
+    no token anywhere beforehand (a fresh HOME, no RAY_AUTH_* variable)."""
+    home, shared = tmp_path / "home", tmp_path / "submitit"
+    home.mkdir()
+    shared.mkdir()
+    job = 7_000_000 + os.getpid() % 100_000
+    host = socket.gethostname().split(".")[0]
+    base = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("RAY_", "SLURM")) and k != "CUDA_VISIBLE_DEVICES"
+    }
+    base |= {
+        "HOME": str(home),
+        "PYTHONPATH": os.pathsep.join(
+            [str(Path(__file__).resolve().parents[1]), os.environ.get("PYTHONPATH", "")]
+        ),
+        "SLURM_JOB_ID": str(job),
+        "SLURM_NTASKS": "2",
+        "SLURMD_NODENAME": host,
+        "SLURM_JOB_NODELIST": f"{host},{host}",
+        "SLURM_CPUS_PER_TASK": "1",
+        "CUDA_VISIBLE_DEVICES": "",
+    }
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", TASK_OF_TWO, str(shared), "120"],
+            env=base | {"SLURM_PROCID": str(i)},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for i in (0, 1)
+    ]
+    outs = []
+    try:
+        for p in procs:
+            outs.append(p.communicate(timeout=400)[0])
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        shutil.rmtree(f"/tmp/ray-ebrl-{job}", ignore_errors=True)
+    print("\n".join(outs))
+    assert [p.returncode for p in procs] == [0, 0], "\n".join(outs)[-8000:]
+    head, worker = report_of(outs[0]), report_of(outs[1])
+    nodes = {n["node_id"]: n for n in head["nodes"]}
+    assert len(nodes) == 2
+    (task1,) = [i for i, n in nodes.items() if "slurm_task_1" in n["resources"]]
+    assert head["ran_on"] == task1  # the driver reached task 1's node through the cluster
+    assert worker["left"] == "the head's cluster ended" and worker["joined_s"] is not None
+    # the job's own token, in its shared folder, the owner's alone; gone with the cluster
+    assert head["token"] == str(shared / f"{job}_ray_auth_token") and head["mode"] == "0o600"
+    assert not Path(head["token"]).exists() and not (home / ".ray" / "auth_token").exists()

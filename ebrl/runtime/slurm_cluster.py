@@ -13,9 +13,23 @@ module in each of them when the job's scheduler runs its workers on Ray (:func:`
   --address=<head>:<port> --block``) and leaves when the head is gone: it stops its node and
   ends, without training (:func:`serve_worker`).
 
-What each task does is a pure function of its Slurm environment (:func:`slurm_task`,
-:func:`plan_node`, :meth:`NodePlan.command`, :meth:`NodePlan.environment`); :class:`RayNode`,
-:func:`head_cluster` and :func:`serve_worker` run it.
+What each task does is a pure function of its Slurm environment and its host's network
+(:func:`slurm_task`, :func:`plan_node`, :meth:`NodePlan.command`, :meth:`NodePlan.environment`);
+:class:`RayNode`, :func:`head_cluster` and :func:`serve_worker` run it.
+
+* **Addresses.** A node's address is one its peers reach: its host name's address unless that
+  is loopback (Debian and Ubuntu map the host's own name to 127.0.1.1 in ``/etc/hosts``, which
+  Ray does not replace), else the address this host routes to the job's other nodes from, else
+  its first address that is not loopback; ``EBRL_RAY_INTERFACE=<name>`` (in
+  ``launcher.setup``) picks an interface instead (:func:`node_address`).
+* **CPUs.** A Ray node gets the CPUs its task may run on (``os.sched_getaffinity``), at most
+  the ``SLURM_CPUS_PER_TASK`` Slurm granted: on Slurm 22.05-23.02 an ``srun`` without
+  ``--cpus-per-task`` may bind a task to fewer (one, where a node runs several tasks) while the
+  variable still says what the job asked for.
+* **Token.** Ray's token authentication is on (``RAY_AUTH_MODE=token``), and ``ray start``
+  makes no token: task 0 writes a fresh one into the job's shared folder (Submitit's, which
+  every task reads its job from) before it starts the head, and every node and the driver read
+  it through ``RAY_AUTH_TOKEN_PATH`` (:meth:`NodePlan.environment`).
 
 No orphans: every ``ray start --block`` is its task's child and gets SIGTERM when the task
 dies, however it dies (the kernel's parent-death signal); ``ray start``'s own SIGTERM handler
@@ -33,8 +47,10 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import ipaddress
 import json
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -66,6 +82,14 @@ ADDRESS_OVERRIDE = "scheduler.ray_address=auto"
 #: "auto": asked for); any other address is a cluster the user runs, left alone
 _JOB_ADDRESSES = ("local", "auto")
 _PR_SET_PDEATHSIG = 1
+#: names the network interface whose address a node gives Ray (set in ``launcher.setup``)
+INTERFACE_VAR = "EBRL_RAY_INTERFACE"
+#: Ray's variables for its token: the mode, the token itself, the file that holds it
+AUTH_MODE_VAR, AUTH_TOKEN_VAR, AUTH_TOKEN_PATH_VAR = (
+    "RAY_AUTH_MODE",
+    "RAY_AUTH_TOKEN",
+    "RAY_AUTH_TOKEN_PATH",
+)
 
 
 class ClusterError(RuntimeError):
@@ -90,10 +114,12 @@ class SlurmTask:
         node: ``SLURMD_NODENAME``, the node this task runs on.
         hosts: the step's nodes in order (``scontrol show hostnames``); task 0 runs on the
             first (Slurm's default block distribution).
-        cpus: CPUs for this task's Ray node (``SLURM_CPUS_PER_TASK``, else
-            ``SLURM_CPUS_ON_NODE``).
+        cpus: CPUs for this task's Ray node: those it may run on (its CPU affinity), at most
+            ``slurm_cpus``.
         gpus: GPUs for this task's Ray node (the entries of ``CUDA_VISIBLE_DEVICES``).
         tmp: the node's temporary folder (``TMPDIR``, else /tmp), for Ray's session files.
+        slurm_cpus: the CPUs Slurm says the task has (``SLURM_CPUS_PER_TASK``, else
+            ``SLURM_CPUS_ON_NODE``; 0: not given).
     """
 
     job_id: int
@@ -104,6 +130,7 @@ class SlurmTask:
     cpus: int
     gpus: int
     tmp: str = "/tmp"
+    slurm_cpus: int = 0
 
     @property
     def head(self) -> bool:
@@ -135,14 +162,25 @@ def scontrol_hostnames(nodelist: str) -> list[str]:
     return out.stdout.split()
 
 
+def affinity_cpus() -> int | None:
+    """How many CPUs this process may run on (None where the system does not say)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return None
+
+
 def slurm_task(
-    env: Mapping[str, str], hostnames: Callable[[str], list[str]] = scontrol_hostnames
+    env: Mapping[str, str],
+    hostnames: Callable[[str], list[str]] = scontrol_hostnames,
+    usable_cpus: Callable[[], int | None] = affinity_cpus,
 ) -> SlurmTask | None:
     """This task of a multi-task Slurm job (None outside Slurm, or in a job of one task).
 
     Args:
         env: the task's environment (``os.environ``).
         hostnames: expands a Slurm node list (default: :func:`scontrol_hostnames`).
+        usable_cpus: how many CPUs the task may run on (default: its CPU affinity).
 
     Raises:
         ClusterError: a multi-task job whose environment lacks what a cluster needs.
@@ -170,16 +208,30 @@ def slurm_task(
     hosts = tuple(hostnames(str(nodelist)))
     if not hosts:
         raise ClusterError(f"the node list {nodelist!r} names no node")
+    granted = int(str(cpus))
+    usable = usable_cpus()
     return SlurmTask(
         job_id=int(str(need["SLURM_JOB_ID"])),
         procid=int(str(need["SLURM_PROCID"])),
         ntasks=int(ntasks),
         node=str(need["SLURMD_NODENAME"]),
         hosts=hosts,
-        cpus=int(str(cpus)),
+        # a task bound to fewer CPUs than Slurm says would run Ray's workers on those alone
+        cpus=min(granted, usable) if usable else granted,
         gpus=gpu_count(env.get("CUDA_VISIBLE_DEVICES")),
         tmp=env.get("TMPDIR") or "/tmp",
+        slurm_cpus=granted,
     )
+
+
+def describe_cpus(task: SlurmTask) -> str:
+    """``96 CPUs``, or ``1 CPUs (bound to 1 of the 96 Slurm granted)`` for a log line."""
+    if task.slurm_cpus and task.cpus < task.slurm_cpus:
+        return (
+            f"{task.cpus} CPUs (the task is bound to {task.cpus} of the {task.slurm_cpus} "
+            "Slurm granted: see srun's --cpus-per-task)"
+        )
+    return f"{task.cpus} CPUs"
 
 
 def head_port(job_id: int) -> int:
@@ -199,6 +251,9 @@ class NodePlan:
         temp_dir: Ray's session folder on the node, one per job: a job's processes never share
             ``session_latest`` or ``ray_current_cluster`` with another Ray instance there.
         resources: the node's custom Ray resources (``slurm_task_<procid>: 1``).
+        token_path: the job's token file in its shared folder: task 0 writes it before it
+            starts the head, every node and the driver read it (``RAY_AUTH_TOKEN_PATH``); None
+            where the token is not the job's to make (:func:`token_path`).
     """
 
     task: SlurmTask
@@ -206,6 +261,7 @@ class NodePlan:
     node_ip: str
     temp_dir: str
     resources: Mapping[str, float] = field(default_factory=dict)
+    token_path: str | None = None
 
     @property
     def port(self) -> int:
@@ -251,29 +307,145 @@ class NodePlan:
         * ``RAY_AUTH_MODE``: kept when set; else ``token``. Ray (2.60, seen here) turns token
           authentication on for a cluster that ``ray start --head`` starts while the mode is
           unset, but a process that joins with the mode unset sends no token and is refused
-          (``InvalidAuthToken``): every process of the cluster must say the same. The token is
-          Ray's (``~/.ray/auth_token``, made by the head if missing): on a shared home every
-          node reads it; elsewhere set ``RAY_AUTH_TOKEN_PATH`` in ``launcher.setup``.
+          (``InvalidAuthToken``): every process of the cluster must say the same.
+        * ``RAY_AUTH_TOKEN_PATH``: the job's token file (:attr:`token_path`), when there is
+          one. ``ray start`` never makes a token (only a local ``ray.init()`` writes
+          ``~/.ray/auth_token``): without one the head refuses to start.
         * ``RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S=0``: on SIGTERM ``ray start`` would otherwise
           drain its node for up to 30 s (for Ray Serve's proxies) before ending it.
         """
         env = dict(base)
-        env.setdefault("RAY_AUTH_MODE", "token")
+        env.setdefault(AUTH_MODE_VAR, "token")
+        if self.token_path is not None:
+            env[AUTH_TOKEN_PATH_VAR] = self.token_path
         env["RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S"] = "0"
         return env
 
 
-def plan_node(task: SlurmTask, resolve: Callable[[str], str] = socket.gethostbyname) -> NodePlan:
+# --- the node's address -----------------------------------------------------------------------
+def is_loopback(address: str) -> bool:
+    """Whether ``address`` is a loopback address (127.0.0.0/8, ::1)."""
+    try:
+        return ipaddress.ip_address(address).is_loopback
+    except ValueError:
+        return address == "localhost"
+
+
+def route_source(peer: str) -> str | None:
+    """The address this host sends to ``peer`` from, by the kernel's routing table (a UDP
+    socket's connect sends nothing); None if there is no route."""
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect((peer, 9))
+            return str(s.getsockname()[0])
+    except OSError:
+        return None
+
+
+def interface_addresses() -> dict[str, list[str]]:
+    """IPv4 addresses of this host's interfaces that are up, by interface name."""
+    import psutil
+
+    up = {name for name, st in psutil.net_if_stats().items() if st.isup}
+    return {
+        name: [a.address for a in addrs if a.family == socket.AF_INET]
+        for name, addrs in psutil.net_if_addrs().items()
+        if name in up
+    }
+
+
+def node_address(
+    task: SlurmTask,
+    resolve: Callable[[str], str] = socket.gethostbyname,
+    route: Callable[[str], str | None] = route_source,
+    interfaces: Callable[[], Mapping[str, Sequence[str]]] = interface_addresses,
+    env: Mapping[str, str] = os.environ,
+) -> str:
+    """The address of this task's Ray node: one the job's other nodes reach.
+
+    In order: the IPv4 address of the interface ``EBRL_RAY_INTERFACE`` names; the node's name
+    resolved, unless it is loopback (Debian's and Ubuntu's ``/etc/hosts`` give 127.0.1.1 for the
+    host's own name, which Ray does not replace); the address this host routes to the job's
+    other nodes from; its first address that is not loopback. Tasks that share one host all
+    get the same answer, and loopback is enough for them when it is all there is.
+
+    Raises:
+        ClusterError: the named interface has no IPv4 address here, or a job over several
+            hosts finds only loopback on this one.
+    """
+    iface = env.get(INTERFACE_VAR)
+    if iface:
+        have = interfaces()
+        addrs = [a for a in have.get(iface, ()) if a]
+        if not addrs:
+            named = ", ".join(sorted(n for n, a in have.items() if a and n != "lo")) or "none"
+            raise ClusterError(
+                f"{INTERFACE_VAR}={iface}: node {task.node} has no interface {iface} with an "
+                f"IPv4 address (interfaces with one: {named}); set {INTERFACE_VAR} in "
+                "launcher.setup to an interface every node of the job has"
+            )
+        return addrs[0]
+    own = resolve(task.node)
+    if not is_loopback(own):
+        return own
+    others = list(dict.fromkeys(h for h in task.hosts if h != task.node))
+    for host in others[:8]:  # the head's host first; a few are enough to find the route
+        try:
+            peer = resolve(host)
+        except OSError:
+            continue
+        if not is_loopback(peer) and (src := route(peer)) and not is_loopback(src):
+            return src
+    for _, addrs in sorted(interfaces().items()):
+        for a in addrs:
+            if a and not is_loopback(a):
+                return a
+    if others:
+        raise ClusterError(
+            f"node {task.node} resolves to {own}, a loopback address, and has no other IPv4 "
+            "address: the job's other nodes could not reach its Ray node; set "
+            f"{INTERFACE_VAR}=<interface> in launcher.setup (e.g. export {INTERFACE_VAR}=eth0)"
+        )
+    return own
+
+
+def token_path(task: SlurmTask, env: Mapping[str, str], shared_dir: str | None) -> str | None:
+    """The job's token file, ``<shared_dir>/<job id>_ray_auth_token``, where the job must make
+    the token: token authentication on (``RAY_AUTH_MODE`` unset or ``token``) and no token
+    given (``RAY_AUTH_TOKEN``, ``RAY_AUTH_TOKEN_PATH``: the user's, left to Ray). None when no
+    shared folder is known: the head then makes Ray's own default file if it is missing
+    (:func:`ensure_token`), which every node reads only on a shared home."""
+    if env.get(AUTH_MODE_VAR, "token").lower() != "token":
+        return None
+    if env.get(AUTH_TOKEN_VAR) or env.get(AUTH_TOKEN_PATH_VAR) or not shared_dir:
+        return None
+    return os.path.join(shared_dir, f"{task.job_id}_ray_auth_token")
+
+
+def plan_node(
+    task: SlurmTask,
+    resolve: Callable[[str], str] = socket.gethostbyname,
+    *,
+    route: Callable[[str], str | None] = route_source,
+    interfaces: Callable[[], Mapping[str, Sequence[str]]] = interface_addresses,
+    env: Mapping[str, str] = os.environ,
+    shared_dir: str | None = None,
+) -> NodePlan:
     """The Ray node ``task`` starts.
 
     Args:
         task: this task (:func:`slurm_task`).
-        resolve: host name -> IP address (default: the system's resolver). A loopback answer
-            is left to Ray, which replaces it by the node's reachable address.
+        resolve: host name -> IP address (default: the system's resolver).
+        route: peer address -> the address this host sends to it from (:func:`route_source`).
+        interfaces: this host's IPv4 addresses by interface (:func:`interface_addresses`).
+        env: the task's environment (``EBRL_RAY_INTERFACE``, Ray's token variables).
+        shared_dir: a folder every task of the job reads (Submitit's job folder), for the
+            job's token (:func:`token_path`).
 
     Raises:
         ClusterError: task 0 does not run on the step's first node (every task computes the
-            head's address from that node's name).
+            head's address from that node's name), or no address the job's nodes reach
+            (:func:`node_address`).
     """
     head_host = task.hosts[0]
     if task.head and task.node != head_host:
@@ -282,14 +454,24 @@ def plan_node(task: SlurmTask, resolve: Callable[[str], str] = socket.gethostbyn
             "tasks would look for the Ray head there (Slurm's default block distribution puts "
             "task 0 on the first node; do not set --distribution)"
         )
-    head_ip = resolve(head_host)
-    node_ip = head_ip if task.node == head_host else resolve(task.node)
+    node_ip = node_address(task, resolve, route, interfaces, env)
+    if task.node == head_host:  # the head's host: the same choice as the head's own
+        head_ip = node_ip
+    else:
+        head_ip = resolve(head_host)
+        if is_loopback(head_ip):
+            raise ClusterError(
+                f"the head's node {head_host} resolves to {head_ip} on {task.node}, a loopback "
+                f"address: this node cannot reach the Ray head; fix the name's entry in "
+                f"{task.node}'s /etc/hosts or DNS"
+            )
     return NodePlan(
         task=task,
         head_address=f"{head_ip}:{head_port(task.job_id)}",
         node_ip=node_ip,
         temp_dir=f"{task.tmp.rstrip('/')}/ray-ebrl-{task.job_id}",
         resources={f"{RESOURCE_PREFIX}{task.procid}": 1.0},
+        token_path=token_path(task, env, shared_dir),
     )
 
 
@@ -323,6 +505,54 @@ def describe_job(nodes: int, tasks_per_node: int, scheduler: Mapping[str, Any] |
         f"{n} Slurm tasks but no Ray cluster (its scheduler does not run on Ray, or names its "
         f"own ray_address): task 0 trains, {others} end(s) at once"
     )
+
+
+# --- the token -------------------------------------------------------------------------------
+def write_token(path: str) -> bool:
+    """Make the token file ``path`` (a fresh random token, readable by its owner alone) unless
+    it is there; returns whether it was made. Written whole, then renamed into place: a node
+    that reads it sees all of it or nothing."""
+    if os.path.isfile(path) and os.path.getsize(path) > 0:
+        return False
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    tmp = f"{path}.{os.getpid()}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        # what `ray get-auth-token --generate` writes: 256 random bits, hex
+        os.write(fd, secrets.token_hex(32).encode())
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    return True
+
+
+def ensure_token(plan: NodePlan, env: Mapping[str, str]) -> str | None:
+    """Task 0, before ``ray start --head``: the token file the cluster will use, made if
+    missing; returns its path if this call made it (None: it was there, or the token is not a
+    file's). The job's own file (:attr:`NodePlan.token_path`) when it has one, else the file Ray
+    reads by default (``RAY_AUTH_TOKEN_PATH``, ``~/.ray/auth_token``), as a local
+    ``ray.init()`` would make it; none under ``RAY_AUTH_TOKEN`` or another mode."""
+    if env.get(AUTH_MODE_VAR, "token").lower() != "token" or env.get(AUTH_TOKEN_VAR):
+        return None
+    path = plan.token_path or env.get(AUTH_TOKEN_PATH_VAR)
+    if not path:
+        home = env.get("HOME") or os.path.expanduser("~")
+        path = os.path.join(home, ".ray", "auth_token")
+    return path if write_token(path) else None
+
+
+def wait_for_token(path: str, timeout_s: float, poll_s: float = 0.5) -> bool:
+    """Whether the token file ``path`` is readable and not empty within ``timeout_s`` (a
+    network file system may show a new file on another node a little later)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        with contextlib.suppress(OSError):
+            if os.path.getsize(path) > 0:
+                return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(poll_s)
 
 
 # --- running a Ray node -----------------------------------------------------------------------
@@ -549,9 +779,12 @@ def head_cluster(
     """Task 0: start the head, wait for every task's node, point this process's Ray at it;
     stop the head when the block ends, however it ends.
 
-    Inside the block ``RAY_ADDRESS`` (and ``RAY_AUTH_MODE``) name the cluster, so a driver
-    with ``ray_address=auto`` joins it. A stop signal while the cluster starts raises
+    Before the head starts, its token exists (:func:`ensure_token`): ``ray start --head``
+    makes none and refuses to start without one. Inside the block ``RAY_ADDRESS`` (and
+    ``RAY_AUTH_MODE``, ``RAY_AUTH_TOKEN_PATH``) name the cluster, so a driver with
+    ``ray_address=auto`` joins it. A stop signal while the cluster starts raises
     :class:`ebrl.signals.Preempted` (after the head is stopped), as it would during training.
+    The job's token file is removed when the head has stopped.
 
     Yields:
         The cluster's nodes (:func:`wait_for_nodes`).
@@ -560,15 +793,23 @@ def head_cluster(
     from ebrl.signals import StopSignals
 
     env = plan.environment(environ)
-    saved = {k: environ.get(k) for k in ("RAY_ADDRESS", "RAY_AUTH_MODE")}
+    shared = ("RAY_ADDRESS", AUTH_MODE_VAR, AUTH_TOKEN_PATH_VAR)
+    saved = {k: environ.get(k) for k in shared}
     dog = Watchdog() if watchdog else None
     node = node_factory(plan.command(), env)
     t0 = time.monotonic()
+    made: str | None = None
     try:
         with StopSignals():
+            try:
+                made = ensure_token(plan, env)
+            except OSError as e:
+                raise ClusterError(f"cannot write the Ray cluster's token file: {e}") from e
+            if made:
+                say(f"task 0: wrote the Ray cluster's token to {made}")
             say(
                 f"task 0 of {plan.task.ntasks}: starting the Ray head on {plan.task.node} "
-                f"({plan.head_address}, {plan.task.cpus} CPUs, {plan.task.gpus} GPUs, "
+                f"({plan.head_address}, {describe_cpus(plan.task)}, {plan.task.gpus} GPUs, "
                 f"temp dir {plan.temp_dir})"
             )
             node.start()
@@ -578,7 +819,9 @@ def head_cluster(
             + describe_nodes(nodes)
         )
         environ["RAY_ADDRESS"] = plan.head_address
-        environ["RAY_AUTH_MODE"] = env["RAY_AUTH_MODE"]
+        for k in shared[1:]:
+            if k in env:
+                environ[k] = env[k]
         yield nodes
     finally:
         for k, v in saved.items():
@@ -588,6 +831,9 @@ def head_cluster(
                 environ[k] = v
         code = node.stop()
         say(f"task 0: Ray head stopped (ray start exit code {code})")
+        if made is not None and made == plan.token_path:  # the job's own: no use after it
+            with contextlib.suppress(OSError):
+                os.unlink(made)
         if dog is not None:
             dog.stop()
 
@@ -653,11 +899,13 @@ def serve_worker(
 ) -> WorkerReport:
     """A task other than 0: wait for the head, join it with a Ray node, and keep that node
     until the head's cluster ends (its GCS refuses connections for ``leave_after_s``), the node
-    ends, or the task is told to stop (SIGTERM, SIGINT); then stop the node.
+    ends, or the task is told to stop (SIGTERM, SIGINT); then stop the node. The node joins with
+    the job's token, which task 0 wrote before its head answered.
 
     Raises:
-        ClusterError: the head never answered within ``join_timeout_s``, or this node ended by
-            itself while the head still ran (it did not join, or it died).
+        ClusterError: the head never answered within ``join_timeout_s``, the job's token file
+            is not readable here (its folder is not shared with task 0's node), or this node
+            ended by itself while the head still ran (it did not join, or it died).
     """
     from ebrl.runtime.watchdog import Watchdog
 
@@ -677,13 +925,24 @@ def serve_worker(
                         f"within {join_timeout_s:.0f} s (see task 0's log)"
                     )
                 time.sleep(poll_s)
+            token = plan.token_path
+            if not stop and token is not None:
+                left = max(join_timeout_s - (time.monotonic() - t0), 0.0)
+                if not wait_for_token(token, min(max(left, 30.0), join_timeout_s), poll_s):
+                    raise ClusterError(
+                        f"task {t.procid}: the Ray head answered, but its token file {token} "
+                        f"is not readable on {t.node}: the job's folder (launcher's "
+                        "submitit_folder) must be on a file system every node shares; or set "
+                        f"{AUTH_TOKEN_PATH_VAR} (a file every node reads) or {AUTH_TOKEN_VAR} "
+                        "in launcher.setup"
+                    )
             if not stop:
                 node = node_factory(plan.command(), plan.environment(environ))
                 node.start()
                 rep.joined_s = round(time.monotonic() - t0, 1)
                 say(
-                    f"task {t.procid}: Ray node started ({t.cpus} CPUs, {t.gpus} GPUs), joining "
-                    f"{plan.head_address}"
+                    f"task {t.procid}: Ray node started ({describe_cpus(t)}, {t.gpus} GPUs), "
+                    f"joining {plan.head_address}"
                 )
             seen, dead_at = time.monotonic(), None
             while node is not None and not stop:

@@ -20,6 +20,11 @@ scheduler runs on Ray, task 0 starts a Ray head, waits for the others and trains
 when the head's cluster ends, without training (:mod:`ebrl.runtime.slurm_cluster`). A job of
 one task runs exactly as before.
 
+Each task gets the CPUs the job asked for: the ``srun`` line that starts the tasks says
+``--cpus-per-task`` (:meth:`SlurmLauncher.__init__`). Slurm 22.05-23.02's srun does not read
+``SLURM_CPUS_PER_TASK`` from the batch script's environment, and Submitit's srun line does not
+say it, so there each task was bound to one CPU while the job held more.
+
 It lives in the ``hydra_plugins`` namespace package because Hydra instantiates launchers only
 from there (ebrl ships ``hydra_plugins/ebrl_launcher``; pyproject.toml installs it).
 """
@@ -42,6 +47,15 @@ class SlurmLauncher(submitit_launcher.SlurmLauncher):
     """hydra-submitit-launcher's Slurm launcher; a FAILED job raises its exception in the job,
     and a job of several tasks runs on a Ray cluster over them."""
 
+    def __init__(self, **params: Any) -> None:
+        """hydra-submitit-launcher's keys (``hydra.launcher``); the srun line gets
+        ``--cpus-per-task=<cpus_per_task>`` (Submitit's ``srun_args``, which that launcher's
+        schema has no key for), unless the job asks for no CPUs per task."""
+        super().__init__(**params)
+        self.params["srun_args"] = srun_args(
+            self.params.get("cpus_per_task"), self.params.get("srun_args")
+        )
+
     def __call__(
         self,
         sweep_overrides: list[str],
@@ -62,7 +76,7 @@ class SlurmLauncher(submitit_launcher.SlurmLauncher):
             task = None
         if task is None:
             return raise_failed(super().__call__(sweep_overrides, *args))
-        plan = slurm_cluster.plan_node(task)
+        plan = slurm_cluster.plan_node(task, shared_dir=submitit_folder())
         if not task.head:
             report = slurm_cluster.serve_worker(plan)
             if report.signum is not None:  # end as a signalled task does, like task 0
@@ -87,6 +101,25 @@ class SlurmLauncher(submitit_launcher.SlurmLauncher):
         setup_globals()
         cfg = self.hydra_context.config_loader.load_sweep_config(self.config, list(sweep_overrides))
         return slurm_cluster.wants_cluster(cfg.get("scheduler"))
+
+
+def srun_args(cpus_per_task: Any, given: list[str] | None = None) -> list[str]:
+    """Submitit's ``srun_args``: ``given`` and ``--cpus-per-task=<cpus_per_task>`` (unless
+    ``given`` says it or no CPU count is set): srun binds each task to that many CPUs."""
+    out = list(given or [])
+    if cpus_per_task and not any(a.startswith(("--cpus-per-task", "-c")) for a in out):
+        out.append(f"--cpus-per-task={int(cpus_per_task)}")
+    return out
+
+
+def submitit_folder() -> str | None:
+    """This job's Submitit folder (its pickled job and logs: a folder every task of the job
+    reads), or None outside a Submitit job."""
+    import submitit
+
+    if not os.environ.get("SUBMITIT_FOLDER"):
+        return None
+    return str(submitit.JobEnvironment().paths.folder)
 
 
 def raise_failed(ret: JobReturn) -> JobReturn:
