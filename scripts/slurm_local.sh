@@ -30,6 +30,7 @@ CONF=$DIR/slurm.conf
 PIDS=$DIR/pids            # our record: <daemon>.pid for each daemon this script started
 EXTERNAL=$DIR/external    # present while a Slurm we did not start is in use
 CRED_EXPIRE=${SLURM_CRED_EXPIRE:-15}
+TASK_PLUGIN=${SLURM_TASK_PLUGIN:-task/affinity}  # task/none: no CPU binding
 MUNGE_SOCKET=$DIR/munge/munge.socket.2
 
 say() { echo "slurm_local: $*"; }
@@ -94,7 +95,9 @@ SlurmdPidFile=$DIR/run/slurmd.pid
 SlurmctldLogFile=$DIR/log/slurmctld.log
 SlurmdLogFile=$DIR/log/slurmd.log
 ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
+# task/affinity binds each task to its CPUs, as a GPU cluster's Slurm does (task/cgroup too):
+# what a job's tasks may run on is what it asked for (tests/slurm/test_slurm_cpus.py)
+TaskPlugin=$TASK_PLUGIN
 SelectType=select/cons_tres
 SelectTypeParameters=CR_CPU
 JobAcctGatherType=jobacct_gather/none
@@ -107,7 +110,8 @@ SchedulerParameters=sched_interval=5,bf_interval=5
 NodeName=$host NodeAddr=127.0.0.1 CPUs=$cpus RealMemory=$real State=UNKNOWN
 PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 EOF
-  say "wrote $CONF (host $host, CPUs=$cpus, RealMemory=$real MB, cred_expire=$CRED_EXPIRE s)"
+  say "wrote $CONF (host $host, CPUs=$cpus, RealMemory=$real MB, cred_expire=$CRED_EXPIRE s," \
+    "TaskPlugin=$TASK_PLUGIN)"
 }
 
 wait_pidfile() {  # wait_pidfile FILE NAME: the PID in FILE once it runs NAME (10 s at most)
