@@ -584,6 +584,13 @@ def test_the_head_writes_the_jobs_token_before_ray_starts_and_removes_it_after(t
         p, environ={}, node_factory=Recording, wait_nodes=fake_wait(), watchdog=False
     ):
         assert token.read_text() != text
+    # one an attempt killed before its head stopped left is used, and removed after
+    token.write_text("a" * 64)
+    with sc.head_cluster(
+        p, environ={}, node_factory=Recording, wait_nodes=fake_wait(), watchdog=False
+    ):
+        pass
+    assert seen["at start"][0] == "a" * 64 and not token.exists()
 
 
 @pytest.mark.parametrize(

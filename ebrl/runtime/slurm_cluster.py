@@ -784,7 +784,8 @@ def head_cluster(
     ``RAY_AUTH_MODE``, ``RAY_AUTH_TOKEN_PATH``) name the cluster, so a driver with
     ``ray_address=auto`` joins it. A stop signal while the cluster starts raises
     :class:`ebrl.signals.Preempted` (after the head is stopped), as it would during training.
-    The job's token file is removed when the head has stopped.
+    The job's token file is removed when the head has stopped (a file an earlier attempt
+    left, killed before it could remove it, is used as it is).
 
     Yields:
         The cluster's nodes (:func:`wait_for_nodes`).
@@ -831,9 +832,10 @@ def head_cluster(
                 environ[k] = v
         code = node.stop()
         say(f"task 0: Ray head stopped (ray start exit code {code})")
-        if made is not None and made == plan.token_path:  # the job's own: no use after it
+        if plan.token_path is not None:  # the job's own, no use after its cluster (an
+            # attempt killed before this line leaves it: the next attempt's head uses it)
             with contextlib.suppress(OSError):
-                os.unlink(made)
+                os.unlink(plan.token_path)
         if dog is not None:
             dog.stop()
 
