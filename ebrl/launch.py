@@ -300,15 +300,19 @@ def _check_job(sweep: str, overrides: list[str]) -> _Checked:
     job = copy.deepcopy(cfg)  # the job's own config: without the hydra node, as @hydra.main has it
     with read_write(job), open_dict(job):
         del job["hydra"]
+    from baselines.rlinf.dryrun import JobCheck  # real RLinf: checked for its node, translated
+
+    rlinf = JobCheck(job, on_slurm=kind == LauncherKind.slurm)
     try:
-        run: RunConfig = OmegaConf.to_object(job)  # type: ignore[assignment]
-        machine = local_machine() if kind != LauncherKind.slurm else target_machine(run)
-        validate(job, machine=machine)
+        with rlinf:
+            run: RunConfig = OmegaConf.to_object(job)  # type: ignore[assignment]
+            machine = local_machine() if kind != LauncherKind.slurm else target_machine(run)
+            validate(job, machine=machine)
     except ConfigError as e:
         return kind, params, str(e), store, None
     except Exception as e:  # a node's own check (e.g. in __post_init__)
         return kind, params, f"{type(e).__name__}: {e}", store, None
-    roles = roles_line(OmegaConf.to_container(job, resolve=True))  # type: ignore[arg-type]
+    roles = rlinf.line or roles_line(OmegaConf.to_container(job, resolve=True))  # type: ignore[arg-type]
     return kind, params, None, store, roles
 
 
