@@ -13,7 +13,8 @@ For a job on :class:`~baselines.rlinf.launch.RLinfScheduler` it also needs:
   actor's global batch and micro-batch, compile and CUDA graphs, and the Ray cluster of a job of
   several nodes.
 
-``ebrl.launch`` wraps its check of every job in :class:`JobCheck` (a context manager).
+``ebrl.launch`` wraps its check of a job in what the scheduler class's ``dry_run_check`` returns
+(ebrl never imports baselines): here :class:`JobCheck`, a context manager.
 """
 
 from __future__ import annotations

@@ -354,6 +354,14 @@ class RLinfScheduler:
             )
         require_rlinf(self.repo)
 
+    @staticmethod
+    def dry_run_check(job: Any, on_slurm: bool) -> Any:
+        """What ``ebrl.launch``'s dry run wraps its check of a job of this scheduler in
+        (:class:`baselines.rlinf.dryrun.JobCheck`): checked for the node, then translated."""
+        from baselines.rlinf.dryrun import JobCheck
+
+        return JobCheck(job, on_slurm)
+
     def gpus_per_node(self) -> int:
         """``gpus``, or for 0 every GPU this machine shows (a local run, as RLinf's ``all``)."""
         if self.gpus:
