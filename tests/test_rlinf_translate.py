@@ -674,6 +674,21 @@ def test_dry_run_translates_every_rlinf_job(checkpoints):
     assert "RLinf hybrid: 1 node(s) x 8 GPU(s)" in text and "torch.compile on" in text
 
 
+@cannot_launch
+def test_dry_run_of_a_local_rlinf_job_checks_this_machine():
+    """A job on the local launcher runs here: the dry run refuses it as the run would, and
+    leaves no check of another machine behind."""
+    from baselines.rlinf.launch import ELSEWHERE
+    from ebrl.launch import plan
+
+    p = plan(
+        "headline", ["scheduler=rlinf_colocated", "policy=mlp", "simulator=pushcube", "seed=0"]
+    )
+    assert p.n_jobs == 0 and len(p.errors) == 1
+    assert "real RLinf cannot run on this machine" in p.errors[0][1]
+    assert ELSEWHERE.get() is False
+
+
 def test_rlinf_timers_become_ebrl_metrics():
     m = MetricMapper(env_steps=800)
     step = {
