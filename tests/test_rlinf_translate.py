@@ -577,6 +577,44 @@ def _rlinf_validate(rl: dict, tmp_path: Path, monkeypatch, gpus: int, nodes: int
     return cfg
 
 
+def test_compile_and_graph_tables_are_rlinfs_own():
+    """TORCH_COMPILE and CUDA_GRAPH are the model packages of RLinf's checkout whose classes
+    define enable_torch_compile / capture_cuda_graph (the base class's raise)."""
+    import ast
+
+    from baselines.rlinf.translate import CUDA_GRAPH, TORCH_COMPILE
+
+    root = Path(_rlinf_checkout()) / "rlinf" / "models" / "embodiment"
+    found: dict[str, set[str]] = {"enable_torch_compile": set(), "capture_cuda_graph": set()}
+    for path in root.rglob("*.py"):
+        if path.parent == root:  # base_policy.py: the NotImplementedError defaults
+            continue
+        package = path.relative_to(root).parts[0]
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.FunctionDef) and node.name in found:
+                found[node.name].add(package)
+    assert found == {"enable_torch_compile": TORCH_COMPILE, "capture_cuda_graph": CUDA_GRAPH}
+
+
+def test_micro_batch_table_is_rlinfs_own():
+    """Each model type's micro-batch cap is one RLinf's own configs of that model use, and no
+    more than their largest."""
+    import yaml
+
+    from baselines.rlinf.translate import MICRO_BATCH, MODEL_TYPES
+
+    used: dict[str, set[int]] = {}
+    for path in (Path(_rlinf_checkout()) / "examples/embodiment/config").glob("*.yaml"):
+        cfg = yaml.safe_load(path.read_text()) or {}
+        models = [d for d in cfg.get("defaults", []) if str(d).endswith("@actor.model")]
+        micro = (cfg.get("actor") or {}).get("micro_batch_size")
+        if len(models) == 1 and micro is not None:
+            name = models[0].split("/", 1)[1].split("@")[0]
+            used.setdefault(MODEL_TYPES[name], set()).add(int(micro))
+    for model_type, cap in MICRO_BATCH.items():
+        assert cap in used[model_type] and cap <= max(used[model_type]), (model_type, cap)
+
+
 @pytest.mark.parametrize("policy", VLAS)
 @pytest.mark.parametrize("scheduler", ["rlinf_colocated", "rlinf_hybrid", "rlinf_async"])
 def test_rlinf_validates_the_full_size_pairs(policy, scheduler, checkpoints, tmp_path, monkeypatch):
