@@ -20,11 +20,11 @@ What is translated: the simulator (a ManiSkill task and episode length; a LIBERO
 the MLP policy (RLinf ``mlp_policy``, a fixed 3x256 Tanh network with one action per decision) or
 an RLinf model (a VLA's ``rlinf_model`` with its ``model_cfg.model_path``, or
 ``scheduler.model``), env count, seed, steps per rollout, the budget, and PPO's shared
-hyperparameters (gamma, GAE lambda, ratio clip,
-dual clip, epochs, minibatches, learning rate, Adam epsilon, gradient clip, entropy bonus,
-advantage normalisation, bootstrapping). Not translated (RLinf has no such knob, or a different
-form): the KL early stop (``target_kl``), ``vf_coef``, and the critic loss, which stays RLinf's
-clipped Huber loss with its ManiSkill values (``value_clip: 1.0``, ``huber_delta: 10.0``).
+hyperparameters (gamma, GAE lambda, ratio clip, dual clip, epochs, minibatches, learning rate,
+Adam epsilon, gradient clip, entropy bonus, advantage normalisation, bootstrapping). Not
+translated (RLinf has no such knob, or a different form): the KL early stop (``target_kl``),
+``vf_coef``, and the critic loss, which stays RLinf's clipped Huber loss with its ManiSkill values
+(``value_clip: 1.0``, ``huber_delta: 10.0``).
 
 As RLinf 0.3 runs its models (v0.3's sources):
 
@@ -36,8 +36,8 @@ As RLinf 0.3 runs its models (v0.3's sources):
 - ``actor.micro_batch_size``: the largest divisor of each actor process's share of the global
   batch that is at most what RLinf's own configs of that model use (:data:`MICRO_BATCH`), so that
   ``global_batch_size % (micro_batch_size x actor processes) == 0`` (RLinf's FSDP validator);
-- a pair whose action sizes differ (a 7-d VLA on RoboCasa's 12-d PandaOmron) is refused, naming
-  what to set.
+- a model left at RLinf's placeholder path (``/path/to/...``), and a pair whose action sizes
+  differ (a 7-d VLA on RoboCasa's 12-d PandaOmron), are refused, naming what to set.
 """
 
 from __future__ import annotations
