@@ -126,7 +126,8 @@ test-gpu: setup
 
 # The RLinf golden tests (tests/test_rlinf_translate.py: our translation through RLinf 0.3's own
 # placement parser and config validator), skipped by `make test`: a separate venv with the rlinf
-# extra (~3.4 GB, ~2 min) and an RLinf checkout at v0.3 (RLINF_REPO, cloned if absent).
+# extra (~4 GB, ~2 min) and an RLinf checkout at v0.3: an existing one (RLINF_REPO=<checkout>,
+# e.g. `git archive v0.3` of a mirror where github.com is unreachable), else cloned from GitHub.
 RLINF_VENV ?= .venv-rlinf
 RLINF_REPO ?= .cache/rlinf-src
 test-rlinf: $(VULKAN)
@@ -134,7 +135,9 @@ test-rlinf: $(VULKAN)
 	$(RLINF_VENV)/bin/python -m pip install -q -c constraints.txt torch==2.13.0
 	$(RLINF_VENV)/bin/python -m pip install -q -c constraints.txt -e '.[dev,sim,rlinf]'
 	@test -d $(RLINF_REPO)/examples/embodiment/config || \
-	  git clone -q --depth 1 --branch v0.3 https://github.com/RLinf/RLinf $(RLINF_REPO)
+	  git clone -q --depth 1 --branch v0.3 https://github.com/RLinf/RLinf $(RLINF_REPO) || \
+	  { echo "no RLinf checkout at $(RLINF_REPO), and cloning github.com/RLinf/RLinf failed" \
+	    "(offline?): put a v0.3 checkout there, or pass RLINF_REPO=<checkout>" >&2; exit 1; }
 	RLINF_REPO=$(abspath $(RLINF_REPO)) $(RLINF_VENV)/bin/python -m pytest -q -rs \
 	  tests/test_rlinf_translate.py tests/test_rlinf_env.py \
 	  tests/test_rlinf_policy.py

@@ -30,6 +30,7 @@ succeeded and every child run finished, FAILED otherwise, KILLED when the launch
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import json
 import os
@@ -300,15 +301,21 @@ def _check_job(sweep: str, overrides: list[str]) -> _Checked:
     job = copy.deepcopy(cfg)  # the job's own config: without the hydra node, as @hydra.main has it
     with read_write(job), open_dict(job):
         del job["hydra"]
+    from ebrl.config import class_of
+
+    # a scheduler class may check its jobs itself (real RLinf: for the node, and translated)
+    hook = getattr(class_of(OmegaConf.get_type(job, "scheduler")), "dry_run_check", None)
+    own = hook(job, on_slurm=kind == LauncherKind.slurm) if hook else contextlib.nullcontext()
     try:
-        run: RunConfig = OmegaConf.to_object(job)  # type: ignore[assignment]
-        machine = local_machine() if kind != LauncherKind.slurm else target_machine(run)
-        validate(job, machine=machine)
+        with own:
+            run: RunConfig = OmegaConf.to_object(job)  # type: ignore[assignment]
+            machine = local_machine() if kind != LauncherKind.slurm else target_machine(run)
+            validate(job, machine=machine)
     except ConfigError as e:
         return kind, params, str(e), store, None
     except Exception as e:  # a node's own check (e.g. in __post_init__)
         return kind, params, f"{type(e).__name__}: {e}", store, None
-    roles = roles_line(OmegaConf.to_container(job, resolve=True))  # type: ignore[arg-type]
+    roles = getattr(own, "line", None) or roles_line(OmegaConf.to_container(job, resolve=True))  # type: ignore[arg-type]
     return kind, params, None, store, roles
 
 

@@ -50,9 +50,15 @@ RUN = [
 ]
 
 
+#: the GPUs each option is pinned with below (its gpus follow launcher.gpus_per_node)
+MODE_GPUS = {"rlinf_colocated": 1, "rlinf_hybrid": 2, "rlinf_async": 1}
+
+
 def ebrl_run(scheduler: str = "rlinf_colocated", extra=()) -> dict:
     """The resolved ebrl config as plain containers (what the scheduler receives)."""
-    return OmegaConf.to_container(make_cfg([*RUN, f"scheduler={scheduler}", *extra]), resolve=True)
+    gpus = f"launcher.gpus_per_node={MODE_GPUS[scheduler]}"
+    cfg = make_cfg([*RUN, f"scheduler={scheduler}", gpus, *extra])
+    return OmegaConf.to_container(cfg, resolve=True)
 
 
 def rlinf_of(scheduler: str, extra=(), **kw) -> dict:
@@ -272,7 +278,8 @@ def test_model_env_and_overrides():
     assert rl["env"]["train"]["max_steps_per_rollout_epoch"] == 80
     assert env_steps_per_iteration(rl) == 16 * 80
     run = ebrl_run(extra=["simulator=synthetic"])
-    rl = translate(run, mode="colocated", env="libero_10", model="openvla_oft")
+    path = {"actor.model.model_path": "/ckpt"}
+    rl = translate(run, mode="colocated", env="libero_10", model="openvla_oft", overrides=path)
     assert rl["defaults"][:2] == ["env/libero_10@env.train", "model/openvla_oft@actor.model"]
     assert "init_params" not in rl["env"]["train"]
     with pytest.raises(TranslationError, match=r"scheduler\.model"):
@@ -285,7 +292,7 @@ def test_model_env_and_overrides():
         ([], {"mode": "hybrid", "gpus": 1}, "hybrid needs >= 2 GPUs"),
         ([], {"mode": "async", "staleness": 3}, "staleness=3"),
         ([], {"mode": "pipelined"}, "mode='pipelined'"),
-        (["simulator=synthetic"], {}, "only ManiSkill"),
+        (["simulator=synthetic"], {}, "not translated to RLinf"),
         (["policy=transformer_s"], {}, "RLinf has no counterpart"),
         (["policy.hidden=64"], {}, "fixed 3x256"),
         (["chunk_size=4", "rollout_steps=48"], {}, "one action per decision"),
@@ -308,27 +315,189 @@ def test_written_config_keeps_rlinfs_interpolations():
     assert OmegaConf.to_container(OmegaConf.create(text)) == rl
 
 
+# --- RLinf as RLinf 0.3 runs it (issue 46) ----------------------------------------------------
+VLAS = ("pi0", "gr00t", "openvla_oft")
+#: the checkpoint folder each VLA's model_path resolves to under $EBRL_CHECKPOINTS
+CHECKPOINTS = {
+    "pi0": "RLinf-Pi0-LIBERO-Spatial-Object-Goal-SFT",
+    "gr00t": "RLinf-Gr00t-SFT-Spatial",
+    "openvla_oft": "Openvla-oft-SFT-libero10-trajall",
+}
+
+
+def full_size_job(policy: str, simulator: str, scheduler: str) -> dict:
+    """One job of ``headline_full`` (8 H100s on one node, 256 envs, the suite's episode),
+    resolved as its node composes it."""
+    cfg = make_cfg(
+        [
+            *("+sweep=headline_full", f"policy={policy}", f"simulator={simulator}", "gpu=h100"),
+            *(f"scheduler={scheduler}", "seed=0"),
+        ]
+    )
+    return OmegaConf.to_container(cfg, resolve=True)
+
+
+@pytest.fixture
+def checkpoints(tmp_path, monkeypatch):
+    """$EBRL_CHECKPOINTS: where the VLAs' model paths resolve."""
+    monkeypatch.setenv("EBRL_CHECKPOINTS", str(tmp_path / "ckpt"))
+    return tmp_path / "ckpt"
+
+
+def translate_job(job: dict, **kw) -> dict:
+    """Translate ``job`` with its own scheduler settings (as RLinfScheduler.translate does)."""
+    s = job["scheduler"]
+    args = {"mode": s["mode"], "gpus": s["gpus"], "nodes": s["nodes"], "model": s["model"]}
+    args |= {"env": s["env"], "overrides": s["overrides"], "staleness": s.get("staleness", 1)}
+    return translate(job, **(args | kw))
+
+
+@pytest.mark.parametrize(
+    "policy, compiled, graphs",
+    [("pi0", True, False), ("gr00t", False, False), ("openvla_oft", False, False)],
+)
+def test_compile_and_cuda_graphs_only_where_rlinf_03_has_them(
+    policy, compiled, graphs, checkpoints
+):
+    # RLinf 0.3: enable_torch_compile in mlp_policy, cnn_policy and openpi's classes only,
+    # capture_cuda_graph in mlp_policy and cnn_policy only; the base class raises at start
+    run = ebrl_run(extra=[f"policy={policy}", "chunk_size=${policy.action_chunk}"])
+    rl = translate(run, mode="colocated", env="libero_spatial")
+    assert rl["rollout"]["enable_torch_compile"] is compiled
+    assert rl["rollout"]["enable_cuda_graph"] is graphs
+    mlp = rlinf_of("rlinf_colocated")["rollout"]
+    assert mlp["enable_torch_compile"] and mlp["enable_cuda_graph"]  # as maniskill_ppo_mlp.yaml
+    with pytest.raises(TranslationError, match=r"enable_cuda_graph=true.*no such path"):
+        translate(
+            run,
+            mode="colocated",
+            env="libero_spatial",
+            overrides={"rollout.enable_cuda_graph": True},
+        )
+
+
+@pytest.mark.parametrize("policy", VLAS)
+def test_the_vlas_checkpoint_is_rlinfs_model_path(policy, checkpoints, monkeypatch):
+    run = ebrl_run(extra=[f"policy={policy}", "chunk_size=${policy.action_chunk}"])
+    rl = translate(run, mode="colocated", env="libero_spatial")
+    assert rl["actor"]["model"]["model_path"] == str(checkpoints / CHECKPOINTS[policy])
+    assert rl["rollout"]["model"]["model_path"] == "${actor.model.model_path}"  # the same
+    monkeypatch.delenv("EBRL_CHECKPOINTS")  # no checkpoint: RLinf's placeholder would stay
+    run = ebrl_run(extra=[f"policy={policy}", "chunk_size=${policy.action_chunk}"])
+    with pytest.raises(TranslationError, match=r"placeholder path.*policy\.model_cfg\.model_path"):
+        translate(run, mode="colocated", env="libero_spatial")
+
+
+#: the largest micro-batch RLinf 0.3's own configs give these models (libero_*_ppo_openpi,
+#: libero_*_ppo_gr00t: 128; libero_*_grpo_openvlaoft: 32)
+RLINF_MICRO = {"pi0": 128, "gr00t": 128, "openvla_oft": 32}
+
+
+@pytest.mark.parametrize("policy", VLAS)
+@pytest.mark.parametrize("scheduler", ["rlinf_colocated", "rlinf_hybrid", "rlinf_async"])
+def test_micro_batches_stay_within_rlinfs_own(policy, scheduler, checkpoints):
+    job = full_size_job(policy, "libero", scheduler)
+    rl = translate_job(job, env="libero_spatial")
+    actors = world_sizes(rl["cluster"]["component_placement"])["actor"]
+    gb, mb = rl["actor"]["global_batch_size"], rl["actor"]["micro_batch_size"]
+    assert gb % (mb * actors) == 0  # RLinf's FSDP validator
+    assert mb <= RLINF_MICRO[policy]
+    assert mb * 4 > min(RLINF_MICRO[policy], gb // actors)  # not a needlessly small divisor
+
+
+def test_micro_batch_pinned_at_headline_full_size(checkpoints):
+    # pi0: 256 envs x 44 decisions / 4 minibatches = 2,816 per minibatch over 8 actor processes:
+    # 352 each, in micro-batches of 88 (the largest divisor of 352 up to RLinf's 128)
+    rl = translate_job(full_size_job("pi0", "libero", "rlinf_colocated"))
+    assert (rl["actor"]["global_batch_size"], rl["actor"]["micro_batch_size"]) == (2816, 88)
+    over = {"actor.micro_batch_size": 100}
+    with pytest.raises(TranslationError, match=r"micro_batch_size=100 x 8 .* divides 352"):
+        translate_job(full_size_job("pi0", "libero", "rlinf_colocated"), overrides=over)
+
+
+@pytest.mark.parametrize("scheduler", ["rlinf_colocated", "rlinf_hybrid", "rlinf_async"])
+def test_the_cluster_follows_the_launchers_reservation(scheduler):
+    from ebrl.runtime.slurm_cluster import describe_job, wants_cluster
+
+    extra = ["launcher=slurm", "launcher.nodes=2", "launcher.gpus_per_node=4", "gpu=h100"]
+    run = ebrl_run(scheduler, extra)
+    sched = run["scheduler"]
+    assert (sched["gpus"], sched["nodes"]) == (4, 2)
+    rl = rlinf_of(scheduler, extra)
+    assert rl["cluster"]["num_nodes"] == 2
+    ranks = [r for spans in rl["cluster"]["component_placement"].values() for r in spans.split("-")]
+    assert (min(map(int, ranks)), max(map(int, ranks))) == (0, 7)  # all 8 GPUs of the 2 nodes
+    # a Slurm job of 2 nodes builds a Ray cluster over them for the scheduler (task 0 joins it)
+    assert wants_cluster(sched)
+    assert "starts a Ray cluster over its 2 nodes" in describe_job(2, 1, sched)
+
+
+def test_several_nodes_need_the_jobs_ray_cluster(monkeypatch, tmp_path):
+    import baselines.rlinf.launch as launch
+    from ebrl.schedulers.base import RunContext
+    from ebrl.stages.factory import StageFactory
+    from ebrl.timeline import Timeline
+
+    monkeypatch.setattr(launch, "require_rlinf", lambda repo: None)
+    stand_in = [sys.executable, "-c", "print('rlinf stand-in')"]
+    monkeypatch.setattr(launch, "command", lambda repo, mode, config: (stand_in, dict(os.environ)))
+    monkeypatch.setattr(launch, "TensorBoardScalars", lambda folder: lambda: {0: {"time/step": 1}})
+    cfg = make_cfg([*RUN, "scheduler=rlinf_colocated"], tmp_path)
+    ctx = RunContext(StageFactory.from_config(cfg), 50, 2, Timeline())
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    alone = RLinfScheduler(mode="colocated", gpus=4, nodes=2, repo=str(tmp_path), poll_s=0.01)
+    with pytest.raises(RuntimeError, match="nodes=2, but no Ray cluster spans them"):
+        list(alone.run(ctx))
+    assert not (tmp_path / "run" / "rlinf" / "launch.json").exists()  # refused before launching
+    monkeypatch.setenv("RAY_ADDRESS", "10.0.0.1:6379")  # what task 0 of a Slurm job has
+    joined = RLinfScheduler(
+        mode="colocated", gpus=4, nodes=2, repo=str(tmp_path), poll_s=0.01, ray_address="auto"
+    )
+    assert len(list(joined.run(ctx))) == 1
+    written = OmegaConf.load(tmp_path / "run" / "rlinf" / "config" / "ebrl_rlinf_colocated.yaml")
+    assert written.cluster.num_nodes == 2
+
+
+@pytest.mark.parametrize("policy", VLAS)
+def test_robocasa_pairs_are_refused_by_action_size(policy, checkpoints):
+    # RLinf's RoboCasa env drives PandaOmron with 12-d actions; the VLAs as configured emit 7
+    job = full_size_job(policy, "robocasa", "rlinf_colocated")
+    with pytest.raises(
+        TranslationError,
+        match=r"emits 7-d actions, RLinf's env/robocasa\S* "
+        r"takes 12-d",
+    ):
+        translate_job(job)
+
+
 # --- RLinf's own checks (where rlinf and a checkout are present) ------------------------------
-def _fake_cluster(gpus: int):
-    """One node with ``gpus`` accelerators, built from RLinf's own node types."""
+def _fake_cluster(gpus: int, nodes: int = 1):
+    """``nodes`` nodes with ``gpus`` accelerators each, built from RLinf's own node types."""
     from rlinf.scheduler.cluster.node import NodeGroupInfo, NodeInfo
     from rlinf.scheduler.hardware import Accelerator, HardwareInfo, HardwareResource
 
     gpu = Accelerator.HW_TYPE
-    node = NodeInfo(
-        node_labels=[],
-        node_rank=0,
-        ray_id="node0",
-        node_ip="127.0.0.1",
-        num_cpus=16,
-        python_interpreter_path=sys.executable,
-        default_env_vars={},
-        env_vars={},
-        hardware_resources=[
-            HardwareResource(type=gpu, infos=[HardwareInfo(type=gpu, model="NV_GPU:Fake")] * gpus)
+    group = NodeGroupInfo(
+        label=NodeGroupInfo.DEFAULT_GROUP_LABEL,
+        nodes=[
+            NodeInfo(
+                node_labels=[],
+                node_rank=rank,
+                ray_id=f"node{rank}",
+                node_ip=f"127.0.0.{rank + 1}",
+                num_cpus=16,
+                python_interpreter_path=sys.executable,
+                default_env_vars={},
+                env_vars={},
+                hardware_resources=[
+                    HardwareResource(
+                        type=gpu, infos=[HardwareInfo(type=gpu, model="NV_GPU:Fake")] * gpus
+                    )
+                ],
+            )
+            for rank in range(nodes)
         ],
     )
-    group = NodeGroupInfo(label=NodeGroupInfo.DEFAULT_GROUP_LABEL, nodes=[node])
 
     class FakeCluster:
         def __init__(self, *args, **kwargs) -> None:
@@ -379,6 +548,102 @@ def test_rlinf_composes_and_validates_it(scheduler, gpus, tmp_path, monkeypatch)
     assert cfg.actor.model.model_type == "mlp_policy" and cfg.actor.model.obs_dim == 35
 
 
+def _rlinf_checkout() -> str:
+    """``$RLINF_REPO`` with rlinf importable; else the test is skipped."""
+    repo = os.environ.get("RLINF_REPO")
+    if not repo or not (Path(repo) / "examples/embodiment/config").is_dir():
+        pytest.skip("RLINF_REPO does not point at an RLinf checkout")
+    pytest.importorskip("rlinf")
+    return repo
+
+
+def _rlinf_validate(rl: dict, tmp_path: Path, monkeypatch, gpus: int, nodes: int = 1):
+    """Compose ``rl`` with RLinf's own configs and run RLinf's validate_cfg on it (its entry
+    points' first step) with ``nodes`` x ``gpus`` fake GPUs."""
+    repo = _rlinf_checkout()
+    rlinf_config = pytest.importorskip("rlinf.config")
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    (tmp_path / "ebrl.yaml").write_text(OmegaConf.to_yaml(OmegaConf.create(rl)))
+    monkeypatch.setenv("EMBODIED_PATH", str(Path(repo) / "examples/embodiment"))
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(tmp_path), version_base="1.1"):
+        cfg = compose(config_name="ebrl")
+    GlobalHydra.instance().clear()
+    monkeypatch.setattr(rlinf_config, "Cluster", _fake_cluster(gpus, nodes))
+    cfg = rlinf_config.validate_cfg(cfg)
+    OmegaConf.to_container(cfg, resolve=True)
+    return cfg
+
+
+def test_compile_and_graph_tables_are_rlinfs_own():
+    """TORCH_COMPILE and CUDA_GRAPH are the model packages of RLinf's checkout whose classes
+    define enable_torch_compile / capture_cuda_graph (the base class's raise)."""
+    import ast
+
+    from baselines.rlinf.translate import CUDA_GRAPH, TORCH_COMPILE
+
+    root = Path(_rlinf_checkout()) / "rlinf" / "models" / "embodiment"
+    found: dict[str, set[str]] = {"enable_torch_compile": set(), "capture_cuda_graph": set()}
+    for path in root.rglob("*.py"):
+        if path.parent == root:  # base_policy.py: the NotImplementedError defaults
+            continue
+        package = path.relative_to(root).parts[0]
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.FunctionDef) and node.name in found:
+                found[node.name].add(package)
+    assert found == {"enable_torch_compile": TORCH_COMPILE, "capture_cuda_graph": CUDA_GRAPH}
+
+
+def test_micro_batch_table_is_rlinfs_own():
+    """Each model type's micro-batch cap is one RLinf's own configs of that model use, and no
+    more than their largest."""
+    import yaml
+
+    from baselines.rlinf.translate import MICRO_BATCH, MODEL_TYPES
+
+    used: dict[str, set[int]] = {}
+    for path in (Path(_rlinf_checkout()) / "examples/embodiment/config").glob("*.yaml"):
+        cfg = yaml.safe_load(path.read_text()) or {}
+        models = [d for d in cfg.get("defaults", []) if str(d).endswith("@actor.model")]
+        micro = (cfg.get("actor") or {}).get("micro_batch_size")
+        if len(models) == 1 and micro is not None:
+            name = models[0].split("/", 1)[1].split("@")[0]
+            used.setdefault(MODEL_TYPES[name], set()).add(int(micro))
+    for model_type, cap in MICRO_BATCH.items():
+        assert cap in used[model_type] and cap <= max(used[model_type]), (model_type, cap)
+
+
+@pytest.mark.parametrize("policy", VLAS)
+@pytest.mark.parametrize("scheduler", ["rlinf_colocated", "rlinf_hybrid", "rlinf_async"])
+def test_rlinf_validates_the_full_size_pairs(policy, scheduler, checkpoints, tmp_path, monkeypatch):
+    """Every policy x RLinf mode of the full-size sweeps on LIBERO (RoboCasa's pairs are refused
+    by action size: test_robocasa_pairs_are_refused_by_action_size), through RLinf 0.3's own
+    composition, placement parser and validator on 8 GPUs."""
+    _rlinf_checkout()
+    rl = translate_job(full_size_job(policy, "libero", scheduler))
+    cfg = _rlinf_validate(rl, tmp_path, monkeypatch, gpus=8)
+    from rlinf.utils.placement import HybridComponentPlacement
+
+    place = HybridComponentPlacement(cfg, _fake_cluster(8)())
+    ws = world_sizes(rl["cluster"]["component_placement"])
+    assert {c: place.get_world_size(c) for c in ws} == ws
+    assert cfg.env.train.env_type == "libero" and cfg.env.train.task_suite_name == "libero_spatial"
+    assert cfg.actor.model.model_path == str(checkpoints / CHECKPOINTS[policy])
+    assert cfg.rollout.model.model_path == cfg.actor.model.model_path
+    assert cfg.actor.global_batch_size % (cfg.actor.micro_batch_size * ws["actor"]) == 0
+
+
+@pytest.mark.parametrize("scheduler", ["rlinf_colocated", "rlinf_hybrid", "rlinf_async"])
+def test_rlinf_places_a_two_node_reservation(scheduler, tmp_path, monkeypatch):
+    _rlinf_checkout()
+    extra = ["launcher=slurm", "launcher.nodes=2", "launcher.gpus_per_node=4", "gpu=h100"]
+    rl = rlinf_of(scheduler, extra)
+    cfg = _rlinf_validate(rl, tmp_path, monkeypatch, gpus=4, nodes=2)
+    assert cfg.cluster.num_nodes == 2
+
+
 # --- the launcher -----------------------------------------------------------------------------
 cannot_launch = pytest.mark.skipif(not missing(None), reason="this machine can run real RLinf")
 
@@ -413,6 +678,53 @@ def test_command_is_rlinfs_own_entry_point(tmp_path):
     ]
     assert env["EMBODIED_PATH"] == str(tmp_path / "RLinf" / "examples" / "embodiment")
     assert ENTRY["colocated"] == ENTRY["hybrid"] == "examples/embodiment/train_embodied_agent.py"
+
+
+def test_command_exports_rlinfs_rendering_env(tmp_path, monkeypatch):
+    # as examples/embodiment/run_embodiment.sh: MUJOCO_GL=${MUJOCO_GL:-egl}, same for PyOpenGL
+    monkeypatch.delenv("MUJOCO_GL", raising=False)
+    monkeypatch.delenv("PYOPENGL_PLATFORM", raising=False)
+    _, env = command(tmp_path, "colocated", tmp_path / "c.yaml")
+    assert (env["MUJOCO_GL"], env["PYOPENGL_PLATFORM"]) == ("egl", "egl")
+    monkeypatch.setenv("MUJOCO_GL", "osmesa")  # the caller's choice stays
+    assert command(tmp_path, "colocated", tmp_path / "c.yaml")[1]["MUJOCO_GL"] == "osmesa"
+
+
+def test_dry_run_translates_every_rlinf_job(checkpoints):
+    """``python -m ebrl.launch --dry-run headline_full scheduler=rlinf_*``: each job is checked
+    for the Slurm node it gets (not this CPU machine), translated, and its GPUs and micro-batch
+    printed, or refused with the translation's reason."""
+    from ebrl.launch import describe, plan
+
+    axes = ["scheduler=rlinf_colocated,rlinf_hybrid,rlinf_async", "policy=pi0"]
+    p = plan("headline_full", [*axes, "simulator=libero,robocasa", "gpu=h100", "seed=0"])
+    jobs = {j.index: j for a in p.arrays for j in a.jobs}
+    refused = dict((j.index, msg) for j, msg in p.errors)
+    assert len(jobs) + len(refused) == 6
+    libero = [i for i, j in jobs.items() if "simulator=libero" in j.overrides]
+    assert sorted(libero) == sorted(jobs) and len(libero) == 3  # every LIBERO job translated
+    for i in libero:
+        assert "1 node(s) x 8 GPU(s) = 8 GPUs" in p.roles[i]
+        assert "micro-batch 88 (" in p.roles[i]  # 352 or 704 per actor process: 88 divides both
+    assert len(refused) == 3  # RoboCasa: refused by the translation, with the reason
+    assert all("emits 7-d actions" in msg and "takes 12-d" in msg for msg in refused.values())
+    text = describe(p, dry_run=True)
+    assert "RLinf hybrid: 1 node(s) x 8 GPU(s)" in text and "torch.compile on" in text
+
+
+@cannot_launch
+def test_dry_run_of_a_local_rlinf_job_checks_this_machine():
+    """A job on the local launcher runs here: the dry run refuses it as the run would, and
+    leaves no check of another machine behind."""
+    from baselines.rlinf.launch import ELSEWHERE
+    from ebrl.launch import plan
+
+    p = plan(
+        "headline", ["scheduler=rlinf_colocated", "policy=mlp", "simulator=pushcube", "seed=0"]
+    )
+    assert p.n_jobs == 0 and len(p.errors) == 1
+    assert "real RLinf cannot run on this machine" in p.errors[0][1]
+    assert ELSEWHERE.get() is False
 
 
 def test_rlinf_timers_become_ebrl_metrics():

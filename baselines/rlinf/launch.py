@@ -17,7 +17,15 @@ folder gets ``rlinf/launch.json`` with ``implementation: rlinf``.
 RLinf's embodied path needs a CUDA GPU (FSDP actor, HF rollout worker), the ``rlinf`` package and
 an RLinf checkout (the wheel leaves out ``examples/``, which holds the entry points and configs).
 Without any of them :func:`require_rlinf` refuses, naming what is missing; the schema node calls it,
-so ``ebrl.config.validate`` refuses before any work starts.
+so ``ebrl.config.validate`` refuses before any work starts. A dry run of a Slurm job checks the
+node it will get instead (:mod:`baselines.rlinf.dryrun`: :data:`ELSEWHERE`).
+
+RLinf's cluster is the launcher's reservation: ``conf/scheduler/rlinf_*.yaml`` take ``gpus`` and
+``nodes`` from ``launcher.gpus_per_node`` and ``launcher.nodes`` (a local run with
+``gpus_per_node: 0``: every GPU this machine shows). A Slurm job of several nodes (one task per
+node) gets a Ray cluster over them from ``ebrl.runtime.slurm_cluster`` (the scheduler has a
+``ray_address``, so ``wants_cluster`` holds): task 0 runs ebrl with ``scheduler.ray_address=auto``
+and ``RAY_ADDRESS`` set, which RLinf's ``Cluster`` (``ray.init(address="auto")``) joins.
 """
 
 from __future__ import annotations
@@ -31,6 +39,7 @@ import sys
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Mapping
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -49,6 +58,15 @@ ENTRY = {
     "hybrid": "examples/embodiment/train_embodied_agent.py",
     "async": "examples/embodiment/train_async.py",
 }
+
+
+#: what RLinf's launch script exports before it starts (examples/embodiment/run_embodiment.sh,
+#: ``${VAR:-egl}``: kept where the caller set them): MuJoCo-based envs (LIBERO, RoboCasa) render
+#: headless through EGL
+RENDER_ENV = {"MUJOCO_GL": "egl", "PYOPENGL_PLATFORM": "egl"}
+#: set while a config is checked for another machine (a dry run of a Slurm job): this machine's
+#: GPUs, packages and checkout then say nothing about the node, and :func:`require_rlinf` passes
+ELSEWHERE: ContextVar[bool] = ContextVar("rlinf_checked_elsewhere", default=False)
 
 
 class RLinfUnavailable(RuntimeError):
@@ -89,7 +107,10 @@ def missing(repo: str | None) -> list[str]:
 
 
 def require_rlinf(repo: str | None) -> None:
-    """Raise :class:`RLinfUnavailable` unless real RLinf can launch here."""
+    """Raise :class:`RLinfUnavailable` unless real RLinf can launch here (passes while
+    :data:`ELSEWHERE` is set: the config is checked for another machine)."""
+    if ELSEWHERE.get():
+        return
     lack = missing(repo)
     if lack:
         raise RLinfUnavailable(
@@ -276,7 +297,7 @@ def command(repo: Path, mode: str, config: Path) -> tuple[list[str], dict[str, s
         "--config-name",
         config.stem,
     ]
-    env = dict(os.environ)
+    env = {**RENDER_ENV, **os.environ}
     env["EMBODIED_PATH"] = str(embodied)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(repo), env.get("PYTHONPATH")) if p)
     return cmd, env
@@ -290,14 +311,18 @@ class RLinfScheduler:
 
     Args:
         mode: ``colocated``, ``hybrid`` or ``async``.
-        gpus: GPUs per node.
-        nodes: nodes (``cluster.num_nodes``).
+        gpus: GPUs per node (the yaml: ``launcher.gpus_per_node``); 0: every GPU this machine
+            shows (a local run).
+        nodes: nodes (``cluster.num_nodes``; the yaml: ``launcher.nodes``).
         staleness: async only: ``algorithm.staleness_threshold`` (1 or 2).
         repo: RLinf v0.3 checkout (None: ``$RLINF_REPO``).
         model: RLinf model config to use instead of translating the policy.
         env: RLinf env config to use instead of translating the simulator.
         overrides: dotted RLinf keys set last.
         poll_s: seconds between reads of RLinf's log.
+        ray_address: local: RLinf starts (or joins) the Ray instance of its node, as its own
+            scripts do; auto: the job's Ray cluster, whose address is in ``RAY_ADDRESS`` (a Slurm
+            job of several nodes sets both: ``ebrl.runtime.slurm_cluster``).
     """
 
     implementation: ClassVar[str] = "rlinf"
@@ -311,26 +336,67 @@ class RLinfScheduler:
     env: str | None = None
     overrides: dict[str, Any] = field(default_factory=dict)
     poll_s: float = 5.0
+    ray_address: str = "local"
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
             raise ValueError(f"scheduler.mode={self.mode!r}: choose one of {', '.join(MODES)}")
+        if self.gpus < 0 or self.nodes < 1:
+            raise ValueError(
+                f"scheduler.gpus={self.gpus}, scheduler.nodes={self.nodes}: need gpus >= 0 (0: "
+                "every GPU of this machine) and nodes >= 1; they follow launcher.gpus_per_node "
+                "and launcher.nodes"
+            )
+        if self.ray_address not in ("local", "auto"):
+            raise ValueError(
+                f"scheduler.ray_address={self.ray_address!r}: RLinf joins Ray through "
+                "RAY_ADDRESS; choose local or auto (a Slurm job of several nodes sets auto)"
+            )
         require_rlinf(self.repo)
 
-    def run(self, ctx: RunContext) -> Iterator[IterationReport]:
-        cfg = ctx.factory.cfg
-        out = _out_dir(ctx)
-        rl = translate(
+    @staticmethod
+    def dry_run_check(job: Any, on_slurm: bool) -> Any:
+        """What ``ebrl.launch``'s dry run wraps its check of a job of this scheduler in
+        (:class:`baselines.rlinf.dryrun.JobCheck`): checked for the node, then translated."""
+        from baselines.rlinf.dryrun import JobCheck
+
+        return JobCheck(job, on_slurm)
+
+    def gpus_per_node(self) -> int:
+        """``gpus``, or for 0 every GPU this machine shows (a local run, as RLinf's ``all``)."""
+        if self.gpus:
+            return self.gpus
+        import torch
+
+        return torch.cuda.device_count()
+
+    def translate(self, cfg: Mapping[str, Any], log_path: str = "logs") -> dict[str, Any]:
+        """RLinf's configuration of the run ``cfg`` (the resolved ebrl config) in this mode."""
+        return translate(
             cfg,
             mode=self.mode,
-            gpus=self.gpus,
+            gpus=self.gpus_per_node(),
             nodes=self.nodes,
             staleness=self.staleness,
             model=self.model,
             env=self.env,
             overrides=self.overrides,
-            log_path=str(out / "logs"),
+            log_path=log_path,
         )
+
+    def run(self, ctx: RunContext) -> Iterator[IterationReport]:
+        address = os.environ.get("RAY_ADDRESS")
+        if self.nodes > 1 and not (self.ray_address == "auto" and address):
+            raise RLinfUnavailable(
+                f"scheduler.nodes={self.nodes}, but no Ray cluster spans them (ray_address="
+                f"{self.ray_address}, RAY_ADDRESS {'set' if address else 'unset'})"
+                ": RLinf would wait for the other nodes until the time limit. Launch it as a Slurm "
+                "job of one task per node (launcher=slurm launcher.nodes=N "
+                "launcher.tasks_per_node=1), which starts that cluster"
+            )
+        cfg = ctx.factory.cfg
+        out = _out_dir(ctx)
+        rl = self.translate(cfg, log_path=str(out / "logs"))
         from omegaconf import OmegaConf
 
         config = out / "config" / f"ebrl_rlinf_{self.mode}.yaml"
