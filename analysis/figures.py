@@ -2,8 +2,9 @@
 
 Each function takes the runs (and curves) DataFrames and the grouping columns and returns a
 ``matplotlib`` figure; :func:`save` writes it as ``<stem>.png`` and ``<stem>.pdf``. Error bars and
-bands are the same 95% CIs over seeds as the tables (``analysis.stats``: BCa bootstrap unless
-``method`` says otherwise), and each figure says which in a caption line; per-seed values are
+bands are the same 95% CIs over seeds as the tables (``analysis.stats``: each statistic's default,
+Student t for a mean, Wilson's for a success rate, unless ``method`` says otherwise), and each
+figure names its interval in a caption line; per-seed values are
 drawn as dots so a reader sees how few there are. Schedulers, policies and simulators carry the
 paper's names (``analysis.names``).
 """
@@ -25,7 +26,7 @@ import seaborn as sns
 from matplotlib.figure import Figure
 
 from analysis import names, stats
-from analysis.tables import LEVELS, label, with_levels
+from analysis.tables import LEVELS, is_rate, label, summarize_column, with_levels
 
 sns.set_theme(style="whitegrid", context="paper")
 #: stage -> colour, fixed so every Gantt in a paper agrees
@@ -49,10 +50,11 @@ def save(fig: Figure, stem: str | Path) -> list[Path]:
     return paths
 
 
-def _caption(fig: Figure, what: str, method: str) -> None:
-    """A line above the figure naming its interval: ``bars: 95% BCa bootstrap CI over seeds``
-    (above: some legends sit below the panels)."""
-    fig.text(0.0, 1.0, f"{what}: {stats.ci_label(method)}", fontsize=6, va="bottom", ha="left")
+def _caption(fig: Figure, what: str, method: str | None, value: str = "") -> None:
+    """A line above the figure naming its interval: ``whiskers: 95% Student t CI (mean over
+    seeds)`` (above: some legends sit below the panels); ``value``'s statistic picks it."""
+    m = stats.method_for("rate" if is_rate(value) else "mean", method)
+    fig.text(0.0, 1.0, f"{what}: {stats.ci_label(m)}", fontsize=6, va="bottom", ha="left")
 
 
 def _config_label(df: pd.DataFrame, cols: Sequence[str]) -> pd.Series:
@@ -73,12 +75,12 @@ def throughput_bars(
     scheduler_col: str = "scheduler_variant",
     order: Sequence[str] | None = None,
     rng: np.random.Generator | None = None,
-    method: str = "bca",
+    method: str | None = None,
 ) -> Figure:
     """Grouped bars: one group per configuration, one bar per scheduler, 95% CI whiskers."""
     runs = names.display_runs(runs)
     df = runs.assign(_cfg=_config_label(runs, config_cols))
-    summ = stats.summarize(df, value, ["_cfg", scheduler_col], rng=rng, ci=method)
+    summ = summarize_column(df, value, ["_cfg", scheduler_col], method, rng)
     cfgs = list(dict.fromkeys(sorted(df["_cfg"])))
     scheds = list(order or sorted(df[scheduler_col].dropna().unique()))
     pal = _palette(scheds)
@@ -101,7 +103,7 @@ def throughput_bars(
     ax.set_ylabel(label(value))
     ax.legend(fontsize=7, frameon=False, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     fig.tight_layout()
-    _caption(fig, "bars: mean; whiskers", method)
+    _caption(fig, "bars: mean; whiskers", method, value)
     return fig
 
 
@@ -115,14 +117,15 @@ def convergence_curves(
     config_cols: Sequence[str] = ("simulator", "policy"),
     scheduler_col: str = "scheduler_variant",
     rng: np.random.Generator | None = None,
-    method: str = "bca",
+    method: str | None = None,
 ) -> Figure:
     """Smoothed ``key`` against wall-clock seconds: mean and 95% CI band per scheduler, one panel
     per configuration; a dashed line at ``threshold``."""
     runs = names.display_runs(runs)
     r = runs.assign(_cfg=_config_label(runs, config_cols))
     by = ["_cfg", scheduler_col]
-    bands = stats.curve_bands(curves, r, by, key=key, window=window, rng=rng, method=method)
+    band = stats.method_for("mean", method)
+    bands = stats.curve_bands(curves, r, by, key=key, window=window, rng=rng, method=band)
     cfgs = sorted(bands["_cfg"].unique()) or ["all"]
     pal = _palette(sorted(r[scheduler_col].dropna().unique()))
     fig, axes = plt.subplots(1, len(cfgs), figsize=(4.2 * len(cfgs), 3.2), squeeze=False)
@@ -148,11 +151,11 @@ def _mean_ci_lines(
     scheduler_col: str,
     rng: np.random.Generator,
     pal: dict[str, tuple],
-    method: str = "bca",
+    method: str | None = None,
 ) -> None:
     """Mean with 95% CI error bars against a numeric ``x``, a line per scheduler; schedulers
     without ``x`` (NaN) are drawn as a dashed horizontal reference."""
-    summ = stats.summarize(df, value, [scheduler_col, x], rng=rng, ci=method)
+    summ = summarize_column(df, value, [scheduler_col, x], method, rng)
     for s, g in summ.groupby(scheduler_col):
         ref = g[g[x].isna()]
         if len(ref):
@@ -199,7 +202,7 @@ def staleness_plot(
     config_cols: Sequence[str] = ("simulator", "policy"),
     scheduler_col: str = "scheduler_variant",
     rng: np.random.Generator | None = None,
-    method: str = "bca",
+    method: str | None = None,
 ) -> Figure:
     """Throughput and final success (mean, 95% CI) against the staleness bound k: two panels per
     configuration (a row each); schedulers without k are dashed reference lines."""
@@ -217,8 +220,17 @@ def staleness_plot(
             ax.set_title(c, fontsize=9)
             ax.set_xticks(sorted(df[k_col].dropna().unique()))
     _shared_legend(fig, axes)
-    _caption(fig, "points: mean; error bars", method)
+    _caption(fig, "points: mean; error bars (throughput)", method, value)
+    _caption_rate(fig, success, method)
     return fig
+
+
+def _caption_rate(fig: Figure, success: str, method: str | None) -> None:
+    """A second caption line for a success panel, whose interval is a rate's."""
+    if is_rate(success):
+        m = stats.method_for("rate", method)
+        text = f"error bars (success): {stats.ci_label(m)}"
+        fig.text(0.0, 1.02, text, fontsize=6, va="bottom", ha="left")
 
 
 def scaling_plot(
@@ -229,7 +241,7 @@ def scaling_plot(
     config_cols: Sequence[str] = ("simulator", "policy"),
     scheduler_col: str = "scheduler_variant",
     rng: np.random.Generator | None = None,
-    method: str = "bca",
+    method: str | None = None,
 ) -> Figure:
     """Throughput against a scale column (envs, GPUs...), a line per scheduler with 95% CI bars,
     a panel per configuration; log2 axis when the scale spans 8x or more."""
@@ -248,7 +260,7 @@ def scaling_plot(
         ax.set_ylabel(label(value))
         ax.set_title(c, fontsize=9)
     _shared_legend(fig, axes)
-    _caption(fig, "points: mean; error bars", method)
+    _caption(fig, "points: mean; error bars", method, value)
     return fig
 
 
@@ -259,7 +271,7 @@ def ablation_bars(
     config_cols: Sequence[str] = ("simulator", "policy"),
     levels: Mapping[str, object] = LEVELS,
     rng: np.random.Generator | None = None,
-    method: str = "bca",
+    method: str | None = None,
 ) -> Figure:
     """Bars per combination of EBRL's levels, ordered by how many are on (as the table), grouped
     by configuration."""

@@ -12,8 +12,10 @@ column), ``grpo`` (throughput and success per algorithm), ``timeline`` (Gantt of
 Schedulers, policies and simulators are shown by the paper's names (``analysis.names``: EBRL,
 Async, Transformer-L (VLA-shaped), ManiSkill PushCube...), whatever spelling the runs recorded;
 ``--target``, ``--baselines`` and ``--where`` on those columns take any spelling (``ebrl``,
-``EBRLScheduler``, ``EBRL``). Intervals: ``--ci bca`` (default), ``percentile`` or ``t``; every
-table's notes name the one it shows.
+``EBRLScheduler``, ``EBRL``). Intervals: ``--ci default`` (each statistic's own, measured by
+``python -m analysis.coverage``: Student t for a mean, t on paired log ratios for a ratio, Wilson's
+on effective episodes for a success rate), or ``t``, ``bca``, ``percentile``, ``wilson`` for all
+the statistics that have it; every column header and every table's notes name the one shown.
 
 Usage: ``python -m analysis.report --runs results/export --kind headline --out results/headline``
 """
@@ -134,7 +136,7 @@ def build(
     rng = np.random.default_rng(args.seed)
     cfg, sc = args.config_cols, args.scheduler_col
     common = {"scheduler_col": sc, "target": args.target, "baselines": args.baselines}
-    # the figures' intervals are the tables' (a curve's band: a bootstrap one, as its ratios)
+    # the figures' intervals are the tables' (a curve's band: a mean's)
     bars = {"scheduler_col": sc, "method": args.ci}
     if kind == "headline":
         t = tables.headline(runs, value=args.value, config_cols=cfg, ci=args.ci, rng=rng, **common)
@@ -199,8 +201,7 @@ def build(
             **what,
             **common,
         )
-        band = "percentile" if args.ci == "percentile" else "bca"
-        fig = figs.convergence_curves(curves, runs, scheduler_col=sc, method=band, **what)
+        fig = figs.convergence_curves(curves, runs, scheduler_col=sc, method=args.ci, **what)
         return t, [("", fig)]
     if kind == "timeline":
         gantts = _gantts(runs, args.runs, args, figs)
@@ -244,9 +245,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--censored", choices=("nan", "budget"), default="nan")
     ap.add_argument(
         "--ci",
-        choices=("bca", "percentile", "t"),
-        default="bca",
-        help="interval of the cells: BCa or percentile bootstrap, or Student t (ratios: bootstrap)",
+        choices=("default", "t", "bca", "percentile", "wilson"),
+        default="default",
+        help="intervals: each statistic's default (t for means, t on paired log ratios for "
+        "ratios, Wilson for success rates), or one for every statistic that has it",
     )
     ap.add_argument("--trace", action="append", help="timeline.json file(s) for --kind timeline")
     ap.add_argument("--window-s", help="START,END seconds of the trace to draw")

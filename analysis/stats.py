@@ -14,13 +14,24 @@ Definitions (rliable's, ``rliable.metrics`` and ``rliable.library``):
 - Stratified bootstrap: the runs of each task are resampled on their own, tasks are never mixed.
 - Probability of improvement: P(X > Y) for one run of each, ties counted half, averaged over tasks.
 
-Intervals come from ``scipy.stats.bootstrap``: BCa by default (bias-corrected and accelerated;
-rliable's default is the percentile interval, available here as ``method="percentile"``). BCa is
-undefined when every resample gives the same statistic or the jackknife is degenerate (scipy then
-warns and returns NaN; both happen with 3 seeds: identical values, a ratio that is the same for
-every seed); :func:`bootstrap_ci` and the others then give the percentile interval of the same
-resamples and say so in :attr:`Estimate.method`. With few seeds every bootstrap interval
-under-covers: :data:`COVERAGE` records by how much (``python -m analysis.coverage``).
+Intervals (``python -m analysis.coverage`` measures each at 3, 5 and 10 seeds; :data:`COVERAGE`
+records the defaults' rows): the default of each statistic is the one that covers at its nominal
+rate with few seeds, :data:`DEFAULT_METHOD`:
+
+- a mean over seeds (:func:`mean_ci`): Student t (``t``);
+- a ratio of two schedulers (:func:`ratio_ci`): Student t on the paired log ratios (``t-log``),
+  whose point is the geometric mean of the per-seed ratios; unpaired, Welch's t on the logs (the
+  ratio of geometric means);
+- a success rate over seeds (:func:`rate_ci`): Wilson's score interval on the effective number of
+  episodes, with the t quantile of the seeds (``wilson``): inside [0, 1], and not of zero width
+  when every seed succeeds every time.
+
+The bootstrap intervals stay selectable (``method="bca"`` or ``"percentile"``, rliable's
+default), from ``scipy.stats.bootstrap``; with 3 and 5 seeds they cover 70-85% of the time, not
+95%. BCa is undefined when every resample gives the same statistic or the jackknife is degenerate
+(scipy then warns and returns NaN; both happen with 3 seeds: identical values, a ratio that is the
+same for every seed); the bootstrap functions then give the percentile interval of the same
+resamples and say so in :attr:`Estimate.method`.
 """
 
 from __future__ import annotations
@@ -33,20 +44,63 @@ import numpy as np
 import pandas as pd
 from scipy import stats as st
 
-#: interval methods: name -> what a table calls it
-CI_NAMES = {"bca": "BCa bootstrap", "percentile": "percentile bootstrap", "t": "Student t"}
+#: interval methods: name -> what a label calls it (with :data:`CI_ON`, :func:`ci_label`)
+CI_NAMES = {
+    "t": "Student t",
+    "t-log": "Student t",
+    "wilson": "Wilson",
+    "bca": "BCa bootstrap",
+    "percentile": "percentile bootstrap",
+}
+#: interval methods: name -> what the interval is taken on
+CI_ON = {
+    "t": "mean over seeds",
+    "t-log": "paired log ratio",
+    "wilson": "success rate, effective episodes, t quantile",
+    "bca": "over seeds",
+    "percentile": "over seeds",
+}
+#: the statistics a table shows -> the methods each can take, default first
+METHODS: dict[str, tuple[str, ...]] = {
+    "mean": ("t", "bca", "percentile"),
+    "ratio": ("t-log", "bca", "percentile"),
+    "rate": ("wilson", "t", "bca", "percentile"),
+}
+#: the default interval of each statistic: chosen by ``python -m analysis.coverage``, the one
+#: covering >= 93% of a nominal 95% at 3, 5 and 10 seeds on every realistic scenario (t on rates
+#: falls to 84-92% next to the bounds, where Wilson's holds 96-100%; the bootstrap: 70-91%)
+DEFAULT_METHOD = {stat: methods[0] for stat, methods in METHODS.items()}
 #: bootstrap interval methods (``scipy.stats.bootstrap``'s spelling)
 _SCIPY_METHOD = {"bca": "BCa", "percentile": "percentile"}
-#: measured coverage of nominal 95% CIs of the mean over n seeds, normal data (``normal(3, 2)``),
-#: 4000 samples per cell, 2000 resamples per interval: ``python -m analysis.coverage`` (its table
-#: has skewed and heavy-tailed data too; tests/test_analysis_coverage.py rechecks these). Every
-#: bootstrap interval under-covers with few seeds, and BCa does not help there: it corrects for
-#: skew (lognormal data, n = 5 and 10), not for the few values a resample can draw from. The t
-#: interval is exact on normal data and assumes it. The record before BCa: percentile, 76% at n=3.
-COVERAGE: dict[str, dict[int, float]] = {
-    "percentile": {3: 0.756, 5: 0.840, 10: 0.908},
-    "bca": {3: 0.734, 5: 0.833, 10: 0.899},
-    "t": {3: 0.950, 5: 0.951, 10: 0.949},
+#: measured coverage of nominal 95% CIs over n seeds, statistic -> method -> n -> coverage:
+#: ``python -m analysis.coverage --trials 2000 --reps 1000`` (tests/test_analysis_coverage.py
+#: rechecks the defaults). Each statistic's row is its scenario in :data:`COVERAGE_SCENARIO`,
+#: the one closest to the committed results' spread (their median per-cell sd of log throughput
+#: is 0.045, of a paired log ratio 0.053). Every bootstrap interval under-covers with few seeds:
+#: it resamples only the n values seen.
+COVERAGE: dict[str, dict[str, dict[int, float]]] = {
+    "mean": {
+        "t": {3: 0.955, 5: 0.954, 10: 0.958},
+        "bca": {3: 0.710, 5: 0.840, 10: 0.898},
+        "percentile": {3: 0.750, 5: 0.834, 10: 0.910},
+    },
+    "ratio": {
+        "t-log": {3: 0.950, 5: 0.957, 10: 0.950},
+        "bca": {3: 0.734, 5: 0.837, 10: 0.906},
+        "percentile": {3: 0.753, 5: 0.817, 10: 0.888},
+    },
+    "rate": {
+        "wilson": {3: 0.974, 5: 0.956, 10: 0.958},
+        "t": {3: 0.935, 5: 0.933, 10: 0.942},
+        "bca": {3: 0.708, 5: 0.832, 10: 0.892},
+        "percentile": {3: 0.730, 5: 0.834, 10: 0.894},
+    },
+}
+#: statistic -> the scenario (``analysis.coverage.SCENARIOS``) its COVERAGE row was measured on
+COVERAGE_SCENARIO: dict[str, str] = {
+    "mean": "throughput, sd(log) 0.045",
+    "ratio": "x1.1, sd(log ratio) 0.053",
+    "rate": "0.80, sd 0.10 between seeds, 100 episodes",
 }
 
 NAN = float("nan")
@@ -57,8 +111,9 @@ class Estimate:
     """A point estimate with a confidence interval.
 
     Attributes:
-        method: the interval actually computed: ``bca``, ``percentile`` (asked for, or BCa was
-            undefined on these values), ``t``; empty when there is no interval (n < 2).
+        method: the interval actually computed: ``t``, ``t-log``, ``wilson``, ``bca``,
+            ``percentile`` (asked for, or BCa was undefined on these values); empty when there is
+            no interval (n < 2).
     """
 
     value: float
@@ -73,14 +128,41 @@ class Estimate:
         return f"{self.value:{spec}} [{self.low:{spec}}, {self.high:{spec}}]"
 
 
-def ci_label(method: str, conf: float = 0.95) -> str:
-    """What a table header or footnote calls an interval: ``95% BCa bootstrap CI over seeds``."""
-    return f"{conf:.0%} {CI_NAMES[method]} CI over seeds"
+def ci_label(method: str, conf: float = 0.95, n: int | None = None, paired: bool = True) -> str:
+    """What a label, header or footnote calls an interval, naming its method and what it is
+    taken on: ``95% Student t CI (paired log ratio, n=5)``, ``95% BCa bootstrap CI (over seeds)``.
+
+    Args:
+        n: the seeds behind it, where one number holds for every interval labelled.
+        paired: for ``t-log``: False names the unpaired form (Welch's t on the logs).
+    """
+    on = CI_ON[method]
+    if method == "t-log" and not paired:
+        on = "log ratio, unpaired (Welch)"
+    return f"{conf:.0%} {CI_NAMES[method]} CI ({on}" + ("" if n is None else f", n={n}") + ")"
 
 
 def _check_method(method: str, allowed: Sequence[str] = ("bca", "percentile")) -> None:
     if method not in allowed:
         raise ValueError(f"interval method must be one of {list(allowed)}, not {method!r}")
+
+
+def method_for(statistic: str, ci: str | None = None) -> str:
+    """The interval method of ``statistic`` (``mean``, ``ratio``, ``rate``) when a table or a
+    command asks for ``ci``: None or ``default``: the statistic's :data:`DEFAULT_METHOD`; a
+    bootstrap method: that one for every statistic; ``t``: the statistic's t interval (a ratio's
+    is ``t-log``, a rate's ``t`` on the rates); a method of that statistic: itself.
+
+    Raises:
+        ValueError: ``ci`` is no method of any statistic.
+    """
+    if ci is None or ci == "default":
+        return DEFAULT_METHOD[statistic]
+    known = sorted({m for ms in METHODS.values() for m in ms})
+    _check_method(ci, ["default", *known])
+    if ci in METHODS[statistic]:
+        return ci
+    return "t-log" if statistic == "ratio" and ci == "t" else DEFAULT_METHOD[statistic]
 
 
 def iqm(x: np.ndarray | Sequence[float], axis: int | None = None) -> float | np.ndarray:
@@ -180,6 +262,78 @@ def _estimate(
     return Estimate(point, float(low), float(high), n, used)
 
 
+def mean_ci(
+    x: np.ndarray | Sequence[float],
+    conf: float = 0.95,
+    method: str = DEFAULT_METHOD["mean"],
+    reps: int = 10_000,
+    rng: np.random.Generator | None = None,
+) -> Estimate:
+    """The mean of ``x`` (one value per seed) with a CI: Student t by default (:func:`t_ci`),
+    ``bca`` or ``percentile`` by :func:`bootstrap_ci`."""
+    _check_method(method, METHODS["mean"])
+    if method == "t":
+        return t_ci(x, conf)
+    return bootstrap_ci(x, conf=conf, reps=reps, rng=rng, method=method)
+
+
+def rate_ci(
+    rates: np.ndarray | Sequence[float],
+    trials: float | np.ndarray | Sequence[float] | None = None,
+    conf: float = 0.95,
+    method: str = DEFAULT_METHOD["rate"],
+    reps: int = 10_000,
+    rng: np.random.Generator | None = None,
+) -> Estimate:
+    """The mean of success rates in [0, 1] (one per seed) with a CI that stays in [0, 1].
+
+    ``wilson`` (default): Wilson's score interval for a proportion on an effective number of
+    episodes (its design-effect form for clustered samples, with a t quantile): the seeds are
+    clusters of episodes, so the variance of the mean is the larger of the one seen
+    between seeds and the binomial one of all the episodes; ``N = p (1 - p) / variance`` is the
+    number of independent episodes that variance is worth, and the quantile is Student t's with
+    n - 1 degrees of freedom, since the variance is estimated from n seeds. Where every seed
+    scored the same (all 1.0, say) the binomial variance of the episodes still gives a width.
+
+    Args:
+        rates: per-seed success rates.
+        trials: episodes behind each rate (a number for all, or one per seed): the binomial
+            floor of the variance. None: unknown, no floor (seeds that all agree then give a
+            zero-width interval).
+        method: ``wilson``, or ``t``, ``bca``, ``percentile`` on the rates as plain numbers.
+
+    Raises:
+        ValueError: a rate outside [0, 1], or trials that are not positive.
+    """
+    _check_method(method, METHODS["rate"])
+    x = np.asarray(rates, dtype=float).ravel()
+    if ((x < 0) | (x > 1)).any():
+        raise ValueError(f"success rates must lie in [0, 1], got {x[(x < 0) | (x > 1)][:3]}")
+    if method != "wilson":
+        return mean_ci(x, conf, method, reps, rng)
+    n = len(x)
+    if n == 0:
+        return Estimate(NAN, NAN, NAN, 0)
+    p = float(x.mean())
+    if n == 1:
+        return Estimate(p, p, p, 1)
+    episodes = np.inf
+    if trials is not None:
+        tr = np.broadcast_to(np.asarray(trials, dtype=float), x.shape)
+        if not (tr > 0).all():
+            raise ValueError(f"trials (episodes per seed) must be positive, got {tr}")
+        episodes = float(tr.sum())
+    var = max(float(x.var(ddof=1)) / n, p * (1 - p) / episodes)
+    n_eff = p * (1 - p) / var if var > 0 else episodes
+    if not np.isfinite(n_eff):
+        return Estimate(p, p, p, n, "wilson")
+    q = float(st.t.ppf(0.5 + conf / 2, n - 1))
+    denom = 1 + q * q / n_eff
+    centre = (p + q * q / (2 * n_eff)) / denom
+    half = q * np.sqrt(p * (1 - p) / n_eff + q * q / (4 * n_eff * n_eff)) / denom
+    return Estimate(p, float(max(0.0, centre - half)), float(min(1.0, centre + half)), n, "wilson")
+
+
 def bootstrap_ci(
     x: np.ndarray | Sequence[float],
     stat: Callable[..., np.ndarray] = np.mean,
@@ -211,6 +365,31 @@ def bootstrap_ci(
     return _estimate(point, lo, hi, fb, n, method)
 
 
+def _t_log_ratio(num: np.ndarray, den: np.ndarray, paired: bool, conf: float) -> Estimate:
+    """Student t on log ratios: paired, the mean of log(num_i / den_i) with n - 1 degrees of
+    freedom; unpaired, the difference of the mean logs with Welch's degrees of freedom. Back on the
+    ratio scale: the geometric mean of the per-seed ratios (paired), or the ratio of geometric
+    means, with its interval."""
+    if (num <= 0).any() or (den <= 0).any():
+        raise ValueError(
+            "a t interval on log ratios needs positive values (throughputs, times), got "
+            f"{num.tolist()} / {den.tolist()}; for values that can be 0 pass method='bca' or "
+            "'percentile'"
+        )
+    if paired:
+        d = np.log(num) - np.log(den)
+        m, n = float(d.mean()), len(d)
+        se, df = float(d.std(ddof=1) / np.sqrt(n)), n - 1.0
+    else:
+        la, lb = np.log(num), np.log(den)
+        m, n = float(la.mean() - lb.mean()), min(len(la), len(lb))
+        va, vb = la.var(ddof=1) / len(la), lb.var(ddof=1) / len(lb)
+        se = float(np.sqrt(va + vb))
+        df = (va + vb) ** 2 / (va**2 / (len(la) - 1) + vb**2 / (len(lb) - 1)) if se > 0 else 1.0
+    half = float(st.t.ppf(0.5 + conf / 2, df)) * se
+    return Estimate(float(np.exp(m)), float(np.exp(m - half)), float(np.exp(m + half)), n, "t-log")
+
+
 def ratio_ci(
     num: np.ndarray | Sequence[float],
     den: np.ndarray | Sequence[float],
@@ -218,9 +397,14 @@ def ratio_ci(
     conf: float = 0.95,
     reps: int = 10_000,
     rng: np.random.Generator | None = None,
-    method: str = "bca",
+    method: str = DEFAULT_METHOD["ratio"],
 ) -> Estimate:
-    """Bootstrap CI of mean(num) / mean(den).
+    """How many times ``num`` is ``den`` over seeds, with a CI.
+
+    ``t-log`` (default): Student t on the log ratios; the point is the geometric mean of the
+    per-seed ratios num[i] / den[i] (paired) or the ratio of the geometric means (unpaired), which
+    equals the ratio of means when both sides spread alike. ``bca``, ``percentile``: a bootstrap
+    CI of mean(num) / mean(den), the ratio of means.
 
     Args:
         paired: num[i] and den[i] come from the same seed i: each resample draws seed indices
@@ -229,13 +413,13 @@ def ratio_ci(
             independently (their sizes may differ); the interval then also carries the spread
             between seeds that pairing would cancel, so it is wider: right when the runs share
             nothing, conservative when they do.
-        method: ``bca`` (default) or ``percentile``. When every seed has the same ratio, each
-            paired resample does too: the interval is that value, zero width (BCa undefined).
+        method: ``t-log`` (default), ``bca`` or ``percentile``. When every seed has the same
+            ratio the interval is that value, zero width (BCa undefined).
 
     Raises:
-        ValueError: ``paired`` with groups of different sizes.
+        ValueError: ``paired`` with groups of different sizes; ``t-log`` with a value <= 0.
     """
-    _check_method(method)
+    _check_method(method, METHODS["ratio"])
     num, den = np.asarray(num, float).ravel(), np.asarray(den, float).ravel()
     if len(num) == 0 or len(den) == 0:
         return Estimate(NAN, NAN, NAN, 0)
@@ -243,7 +427,11 @@ def ratio_ci(
     if paired and len(num) != len(den):
         raise ValueError("paired ratio needs equally many samples")
     n = min(len(num), len(den))
+    if method == "t-log" and n >= 2:
+        return _t_log_ratio(num, den, paired, conf)
     if n < 2:
+        if method == "t-log" and (num > 0).all() and (den > 0).all():
+            point = float(np.exp(np.log(num).mean() - np.log(den).mean()))
         return Estimate(point, point, point, n)
     rng = rng or np.random.default_rng(0)
     lo, hi, fb = _bootstrap(
@@ -377,7 +565,9 @@ def summarize(
     by: Sequence[str] = (),
     *,
     conf: float = 0.95,
-    ci: str = "bca",
+    ci: str | None = None,
+    statistic: str = "mean",
+    trials_col: str | None = None,
     reps: int = 10_000,
     rng: np.random.Generator | None = None,
 ) -> pd.DataFrame:
@@ -387,23 +577,35 @@ def summarize(
         df: one row per run.
         value: the column to summarise.
         by: grouping columns (a configuration and a scheduler, say).
-        ci: ``"bca"`` (default), ``"percentile"`` (rliable's) or ``"t"``; see :data:`COVERAGE`.
+        ci: the interval, resolved by :func:`method_for`: None (the statistic's default),
+            ``t``, ``bca``, ``percentile`` (rliable's), ``wilson`` (rates); see :data:`COVERAGE`.
+        statistic: ``mean`` (:func:`mean_ci`) or ``rate``, a success rate in [0, 1]
+            (:func:`rate_ci`).
+        trials_col: for a rate, the column with each run's episodes behind it (e.g.
+            ``eval_episodes``), where the runs recorded it.
 
     Returns:
         One row per group: the ``by`` columns, ``n`` (non-missing values), ``n_missing``, ``mean``,
         ``std`` (ddof=1; NaN for n < 2), ``ci_low``, ``ci_high``, ``ci_method`` (the interval
         computed: ``percentile`` where BCa was undefined; empty for n < 2), ``iqm``.
     """
-    _check_method(ci, tuple(CI_NAMES))
+    if statistic not in ("mean", "rate"):
+        raise ValueError(f"statistic must be 'mean' or 'rate', not {statistic!r}")
+    method = method_for(statistic, ci)
     rng = rng or np.random.default_rng(0)
     rows = []
     for key, g in iter_groups(df, by):
         x = g[value].to_numpy(dtype=float)
-        ok = x[~np.isnan(x)]
-        if ci == "t":
-            est = t_ci(ok, conf)
+        keep = ~np.isnan(x)
+        ok = x[keep]
+        if statistic == "rate":
+            trials = None
+            if trials_col is not None and trials_col in g:
+                tr = g[trials_col].to_numpy(dtype=float)[keep]
+                trials = tr if np.isfinite(tr).all() else None
+            est = rate_ci(ok, trials, conf=conf, method=method, reps=reps, rng=rng)
         else:
-            est = bootstrap_ci(ok, conf=conf, reps=reps, rng=rng, method=ci)
+            est = mean_ci(ok, conf=conf, method=method, reps=reps, rng=rng)
         rows.append(
             {
                 **dict(zip(by, key)),
@@ -452,15 +654,16 @@ class _RatioOpts:
     conf: float
     reps: int
     rng: np.random.Generator
-    method: str = "bca"
+    method: str = DEFAULT_METHOD["ratio"]
 
 
 def _ratio_row(t: pd.DataFrame, b: pd.DataFrame, value: str, opts: _RatioOpts) -> dict:
-    """Improvement of group ``t`` over group ``b`` as a ratio of means, with a bootstrap CI
-    (paired by seed where :func:`_aligned` pairs them; see :func:`ratio_ci`).
+    """Improvement of group ``t`` over group ``b`` as a ratio, with a CI (paired by seed where
+    :func:`_aligned` pairs them; see :func:`ratio_ci` for the point of each method).
 
     The ratio is ``mean(t) / mean(b)`` when higher is better (a speedup in throughput) and
-    ``mean(b) / mean(t)`` when lower is (a speedup in time to a threshold): > 1 means ``t`` wins.
+    ``mean(b) / mean(t)`` when lower is (a speedup in time to a threshold): > 1 means ``t`` wins
+    (the geometric means, or per-seed ratios, for ``t-log``).
     Any missing value makes the ratio NaN (``n_missing`` says how many): no silent dropping.
     """
     x, y, was_paired = _aligned(t, b, value, opts.seed_col, opts.paired)
@@ -529,7 +732,7 @@ def speedup_over_baseline(
     conf: float = 0.95,
     reps: int = 10_000,
     rng: np.random.Generator | None = None,
-    method: str = "bca",
+    method: str = DEFAULT_METHOD["ratio"],
 ) -> pd.DataFrame:
     """Each scheduler's ratio to the strongest baseline of its configuration, with a CI over seeds.
 
@@ -550,7 +753,8 @@ def speedup_over_baseline(
         seed_col: pairs runs of two schedulers by seed when both have the same seeds.
         paired: True forces pairing (error if seeds differ), False never pairs, None decides
             (pairs when both have the same seeds, each once).
-        method: the ratio's bootstrap interval, ``bca`` or ``percentile``.
+        method: the ratio's interval, ``t-log`` (default), ``bca`` or ``percentile``
+            (:func:`ratio_ci`).
 
     Returns:
         One row per configuration and scheduler: the config columns, ``scheduler_col``,
@@ -599,7 +803,7 @@ def pairwise_ratios(
     conf: float = 0.95,
     reps: int = 10_000,
     rng: np.random.Generator | None = None,
-    method: str = "bca",
+    method: str = DEFAULT_METHOD["ratio"],
 ) -> pd.DataFrame:
     """``target``'s ratio to each baseline of each configuration (see :func:`_ratio_row`).
 
@@ -811,19 +1015,20 @@ def curve_bands(
     conf: float = 0.95,
     reps: int = 1_000,
     rng: np.random.Generator | None = None,
-    method: str = "bca",
+    method: str = DEFAULT_METHOD["mean"],
 ) -> pd.DataFrame:
     """Mean smoothed curve per group on a common time grid, with a pointwise bootstrap CI band.
 
     Each run's smoothed curve is held constant between its logged points (its value at t is the
     last one logged at or before t). A group's grid ends at the shortest of its runs, so every
-    point averages the same runs. The band is :func:`bootstrap_ci`'s interval of the mean at each
-    point (the same resampled runs at every point); where all runs agree it has zero width.
+    point averages the same runs. The band is :func:`mean_ci`'s interval of the mean at each
+    point: Student t by default, or a bootstrap one (the same resampled runs at every point);
+    where all runs agree it has zero width.
 
     Returns:
         Rows ``by`` columns, ``t``, ``mean``, ``ci_low``, ``ci_high``, ``n`` (runs).
     """
-    _check_method(method)
+    _check_method(method, METHODS["mean"])
     rng = rng or np.random.default_rng(0)
     c = curves[curves["key"] == key].merge(runs[["run_id", *by]], on="run_id", how="inner")
     frames = []
@@ -843,7 +1048,10 @@ def curve_bands(
         if n == 1:  # one run: its own curve, no interval (as an Estimate with n = 1)
             lo, hi = ys[0].copy(), ys[0].copy()
         ok = np.isfinite(ys).all(0)  # points before a run's first value have no mean
-        if n > 1 and ok.any():
+        if n > 1 and ok.any() and method == "t":
+            half = st.t.ppf(0.5 + conf / 2, n - 1) * ys[:, ok].std(0, ddof=1) / np.sqrt(n)
+            lo[ok], hi[ok] = ys[:, ok].mean(0) - half, ys[:, ok].mean(0) + half
+        elif n > 1 and ok.any():
             lo[ok], hi[ok], _ = _bootstrap(
                 [ys[:, ok].T], np.mean, paired=False, method=method, conf=conf, reps=reps, rng=rng
             )

@@ -6,9 +6,11 @@ and the columns that define a configuration and a scheduler, and returns a :clas
 ``scaling`` (the same along a scale column), ``ablation`` (EBRL's levels), ``staleness``
 (throughput and final success per k), ``grpo`` (throughput and success per algorithm) and
 ``convergence`` (time to a success threshold, from the curves). Cells read ``mean [95% CI]``;
-each table's notes say which interval (BCa bootstrap by default, see ``analysis.stats``) and how
-often it covers with that few seeds. Schedulers, policies and simulators carry the paper's names
-(``analysis.names``), whatever spelling the runs recorded.
+each column header and each table's notes name the interval (by default the one of each
+statistic that ``python -m analysis.coverage`` measured to cover: Student t for a mean, t on
+paired log ratios for a ratio, Wilson's on effective episodes for a success rate; see
+``analysis.stats``) and how often it covers with that few seeds. Schedulers, policies and
+simulators carry the paper's names (``analysis.names``), whatever spelling the runs recorded.
 """
 
 from __future__ import annotations
@@ -47,6 +49,57 @@ LEVELS: dict[str, object] = {
     "param.resources.allocator": "elastic",
 }
 DASH = "–"
+#: a success-rate column -> the runs.csv column with the episodes behind each run's rate
+TRIALS = {"eval_success_rate": "eval_episodes"}
+
+
+def is_rate(col: str) -> bool:
+    """Whether a runs.csv column is a success rate in [0, 1] (its interval: ``rate``)."""
+    return "success" in col
+
+
+def _stat(col: str) -> str:
+    return "rate" if is_rate(col) else "mean"
+
+
+def summarize_column(
+    runs: pd.DataFrame,
+    col: str,
+    by: Sequence[str],
+    ci: str | None,
+    rng: np.random.Generator | None,
+) -> pd.DataFrame:
+    """:func:`analysis.stats.summarize` of ``col`` with the interval of its statistic (a
+    success rate's where :func:`is_rate`, with its episodes where :data:`TRIALS` names them)."""
+    trials = TRIALS.get(col)
+    return stats.summarize(runs, col, by, ci=ci, statistic=_stat(col), trials_col=trials, rng=rng)
+
+
+def head(col: str, ci: str | None) -> str:
+    """A column header naming the interval of its cells: ``final success rate, mean [95%
+    Wilson CI]``."""
+    return f"{label(col)}, mean [{_short(stats.method_for(_stat(col), ci))}]"
+
+
+def _short(method: str) -> str:
+    """The interval's name in a header: ``95% Student t CI``."""
+    return f"95% {stats.CI_NAMES[method]} CI"
+
+
+def ratio_head(what: str, ci: str | None) -> str:
+    """A ratio column's header naming its interval: ``× none [95% Student t CI, log ratio]``."""
+    m = stats.method_for("ratio", ci)
+    return f"{what} [{_short(m)}{', log ratio' if m == 't-log' else ''}]"
+
+
+def ratio_point(ci: str | None) -> str:
+    """What a ratio cell's point is, by its interval method (:func:`analysis.stats.ratio_ci`)."""
+    if stats.method_for("ratio", ci) == "t-log":
+        return (
+            "geometric mean of the per-seed ratios where paired by seed (the ratio of geometric "
+            "means where not)"
+        )
+    return "ratio of means"
 
 
 @dataclass
@@ -152,30 +205,44 @@ def _cell(v: object) -> str:
     return str(v)
 
 
-def _ratio_method(ci: str) -> str:
-    """The interval of ratios and probabilities: a bootstrap one (no t interval for a ratio)."""
-    return "percentile" if ci == "percentile" else "bca"
+def _ratio_method(ci: str | None) -> str:
+    """The interval of ratios (:func:`analysis.stats.method_for`)."""
+    return stats.method_for("ratio", ci)
 
 
-def _fell_back(ci: str, *frames: pd.DataFrame) -> int:
+def _fell_back(ci: str | None, *frames: pd.DataFrame) -> int:
     """How many intervals of ``frames`` (``ci_method`` columns) are percentile where BCa was
     asked for: BCa is undefined there (see ``analysis.stats``)."""
-    if _ratio_method(ci) != "bca":
+    if ci != "bca":
         return 0
     return int(sum((f["ci_method"] == "percentile").sum() for f in frames if "ci_method" in f))
 
 
-def _ci_notes(n_min: int, ci: str, missing: int = 0, fell_back: int = 0) -> list[str]:
-    """Which interval the cells show, how often it covers with this few seeds, what is missing."""
-    notes = [f"cells: mean [{stats.ci_label(ci)}]"]
-    cov = stats.COVERAGE.get(ci, {})
-    if 0 < n_min < 10 and cov:
-        measured = ", ".join(f"{v:.0%} at n={n}" for n, v in cov.items())
-        what = stats.CI_NAMES[ci]
+def _ci_notes(
+    n_min: int,
+    ci: str | None,
+    missing: int = 0,
+    fell_back: int = 0,
+    statistics: Sequence[str] = ("mean",),
+) -> list[str]:
+    """Which interval the cells of each statistic show, how often it covers with this few
+    seeds (:data:`analysis.stats.COVERAGE`), what is missing."""
+    notes = []
+    measured = []
+    for s in statistics:
+        m = stats.method_for(s, ci)
+        if s != "ratio":  # a ratio's interval is named where the table says what its ratio is
+            cells = "cells: mean" if s == "mean" else "success rates: mean"
+            notes.append(f"{cells} [{stats.ci_label(m)}]")
+        cov = stats.COVERAGE.get(s, {}).get(m, {})
+        if cov:
+            at = ", ".join(f"{v:.0%} at n={n}" for n, v in cov.items())
+            spread = ": read them as a spread" if min(cov.values()) < 0.93 else ""
+            measured.append(f"{stats.CI_NAMES[m]} ({s}; {stats.COVERAGE_SCENARIO[s]}) {at}{spread}")
+    if 0 < n_min <= 10 and measured:
         notes.append(
-            f"fewest seeds in a cell: {n_min}; measured coverage of the nominal 95% {what} "
-            f"interval of a mean on normal data: {measured} (`python -m analysis.coverage`)"
-            + ("" if ci == "t" else ": read the intervals as a spread")
+            f"fewest seeds in a cell: {n_min}; measured coverage of these nominal 95% intervals "
+            f"(`python -m analysis.coverage`): {'; '.join(measured)}"
         )
     if fell_back:
         notes.append(
@@ -185,6 +252,23 @@ def _ci_notes(n_min: int, ci: str, missing: int = 0, fell_back: int = 0) -> list
     if missing:
         notes.append(f"{missing} run(s) lack the value and are left out of their cell")
     return notes
+
+
+def _rate_notes(runs: pd.DataFrame, cols: Sequence[str]) -> list[str]:
+    """A warning for success-rate columns whose runs recorded no episode count: their Wilson
+    interval has no binomial floor, so seeds that all agree show a zero-width interval."""
+    bare = [c for c in cols if is_rate(c) and TRIALS.get(c) not in runs]
+    if not bare:
+        return []
+    return [
+        f"{', '.join(f'`{c}`' for c in bare)}: no episode count per run, so no binomial floor "
+        "under the interval: where every seed scored the same it has zero width"
+    ]
+
+
+def _statistics(cols: Sequence[str]) -> list[str]:
+    """The statistics the cells of ``cols`` show (``mean``, ``rate``), each once, in order."""
+    return list(dict.fromkeys(_stat(c) for c in cols))
 
 
 def _named(
@@ -234,7 +318,7 @@ def headline(
     extra: Sequence[str] = (),
     title: str = "End-to-end throughput and speedup over the strongest baseline",
     spec: str = ".1f",
-    ci: str = "bca",
+    ci: str | None = None,
     rng: np.random.Generator | None = None,
 ) -> Table:
     """Throughput per configuration and scheduler, with the ratio to the strongest baseline.
@@ -246,8 +330,9 @@ def headline(
         scheduler_col: the column naming a run's scheduler.
         target: the scheduler under study; every other one is a baseline unless ``baselines``.
         extra: more columns to summarise per row (e.g. ``success_rate``), as ``mean [CI]``.
-        ci: the interval of the cells: ``bca``, ``percentile`` or ``t``; ratios always get a
-            bootstrap one (BCa unless ``percentile``).
+        ci: the intervals (:func:`analysis.stats.method_for`): None, each statistic's default
+            (t for means, t on log ratios for ratios, Wilson for success rates); ``t``,
+            ``bca``, ``percentile`` or ``wilson`` to ask for one.
 
     Returns:
         Rows per configuration and scheduler: n, value mean [CI], IQM, the ratio to the strongest
@@ -256,7 +341,7 @@ def headline(
     rng = rng or np.random.default_rng(0)
     runs, target, baselines = _named(runs, scheduler_col, target, baselines)
     by = [*config_cols, scheduler_col]
-    summ = stats.summarize(runs, value, by, ci=ci, rng=rng)
+    summ = summarize_column(runs, value, by, ci, rng)
     # the ratio and the probability of improvement compare the same schedulers of the same configs
     common = {
         "target": target,
@@ -264,10 +349,11 @@ def headline(
         "config_cols": config_cols,
         "scheduler_col": scheduler_col,
         "rng": rng,
-        "method": _ratio_method(ci),
     }
-    sp = stats.speedup_over_baseline(runs, value, **common)
-    pi = stats.improvement_probabilities(runs, value, **common)
+    sp = stats.speedup_over_baseline(runs, value, method=_ratio_method(ci), **common)
+    # only its point is shown; its interval is a bootstrap one (it is not a mean)
+    boot = "percentile" if ci == "percentile" else "bca"
+    pi = stats.improvement_probabilities(runs, value, method=boot, **common)
     fell_back = _fell_back(ci, summ, sp[sp[scheduler_col] != sp["baseline"]])
     sp = sp[[*by, "baseline", "ratio", "ci_low", "ci_high", "n_baseline"]].rename(
         columns={"ci_low": "r_low", "ci_high": "r_high"}
@@ -275,7 +361,7 @@ def headline(
     pi = pi.rename(columns={"baseline": scheduler_col, "p": "p_improve"})[[*by, "p_improve"]]
     m = summ.merge(sp, on=by, how="left").merge(pi, on=by, how="left")
     for c in extra:
-        e = stats.summarize(runs, c, by, ci=ci, rng=rng)
+        e = summarize_column(runs, c, by, ci, rng)
         fell_back += _fell_back(ci, e)
         e = e[[*by, "n", "mean", "ci_low", "ci_high"]]
         m = m.merge(
@@ -283,8 +369,9 @@ def headline(
             on=by,
             how="left",
         )
-    header = [label(c) for c in by] + ["n", label(value), "IQM", *map(label, extra)]
-    header += ["× strongest baseline", f"P({target} better)"]
+    header = [label(c) for c in by] + ["n", head(value, ci), "IQM"]
+    header += [head(c, ci) for c in extra]
+    header += [ratio_head("× strongest baseline", ci), f"P({target} better)"]
     rows = []
     for _, r in _sort_key(m, by).iterrows():
         cells = [_cell(r[c]) for c in by] + [str(int(r["n"]))]
@@ -302,14 +389,19 @@ def headline(
         rows.append(cells)
     notes = [
         f"{label(value)} (`{value}`); IQM: interquartile mean over seeds (25% trimmed mean, "
-        "rliable's); × strongest baseline: ratio of means to the baseline with the highest mean "
-        f"in the same configuration, {stats.ci_label(_ratio_method(ci))} (paired by seed when "
-        "both ran the same seeds)",
+        "rliable's); × strongest baseline: ratio to the baseline with the highest mean in the "
+        f"same configuration, the {ratio_point(ci)}, {stats.ci_label(_ratio_method(ci))} "
+        "(paired by seed when both ran the same seeds)",
         f"P({target} better): probability that a run of {target} beats a run of that scheduler",
         *_ci_notes(
-            int(summ["n"].min()) if len(summ) else 0, ci, int(summ["n_missing"].sum()), fell_back
+            int(summ["n"].min()) if len(summ) else 0,
+            ci,
+            int(summ["n_missing"].sum()),
+            fell_back,
+            [*_statistics([value, *extra]), "ratio"],
         ),
         *_pooled_notes(runs, by),
+        *_rate_notes(runs, [value, *extra]),
     ]
     return Table(title, header, rows, notes)
 
@@ -393,7 +485,7 @@ def ablation(
     levels: Mapping[str, object] = LEVELS,
     title: str = "Contribution of each scheduling level",
     spec: str = ".1f",
-    ci: str = "bca",
+    ci: str | None = None,
     rng: np.random.Generator | None = None,
 ) -> Table:
     """Throughput per combination of levels, against all-off, one level fewer and all-on.
@@ -405,12 +497,12 @@ def ablation(
     """
     rng = rng or np.random.default_rng(0)
     df, ranked, lv_names = with_levels(names.display_runs(runs), levels)
-    header = [label(c) for c in config_cols] + lv_names + ["n", label(value)]
-    header += ["× none", "× one fewer", "× all on"]
+    header = [label(c) for c in config_cols] + lv_names + ["n", head(value, ci)]
+    header += [ratio_head(w, ci) for w in ("× none", "× one fewer", "× all on")]
     all_on = "+".join(lv_names)
     rows, n_min, missing, fell_back = [], [], 0, 0
     for key, g in stats.iter_groups(df, config_cols):
-        summ = stats.summarize(g, value, ["levels"], ci=ci, rng=rng).set_index("levels")
+        summ = summarize_column(g, value, ["levels"], ci, rng).set_index("levels")
         n_min.append(int(summ["n"].min()))
         missing += int(summ["n_missing"].sum())
         fell_back += _fell_back(ci, summ)
@@ -438,10 +530,10 @@ def ablation(
                 cells.append(_fmt_ratio(r.iloc[0]))
             rows.append(cells)
     notes = [
-        f"{label(value)} (`{value}`); ✓ level on; × none / × one fewer / × all on: ratio of "
-        "means to the all-off row / to the row with this row's levels but one / to the all-on "
-        f"row, {stats.ci_label(_ratio_method(ci))} (paired by seed where possible)",
-        *_ci_notes(min(n_min, default=0), ci, missing, fell_back),
+        f"{label(value)} (`{value}`); ✓ level on; × none / × one fewer / × all on: ratio to the "
+        "all-off row / to the row with this row's levels but one / to the all-on row, the "
+        f"{ratio_point(ci)}, {stats.ci_label(_ratio_method(ci))} (paired by seed where possible)",
+        *_ci_notes(min(n_min, default=0), ci, missing, fell_back, [*_statistics([value]), "ratio"]),
         *_pooled_notes(df, [*config_cols, "levels"]),
     ]
     if len(df) < len(runs):
@@ -468,7 +560,7 @@ def staleness(
     scheduler_col: str = "scheduler_variant",
     title: str = "Throughput and final success against the staleness bound k",
     spec: str = ".1f",
-    ci: str = "bca",
+    ci: str | None = None,
     rng: np.random.Generator | None = None,
 ) -> Table:
     """Per configuration, scheduler and k: throughput, final success, and throughput against the
@@ -477,11 +569,12 @@ def staleness(
     rng = rng or np.random.default_rng(0)
     runs = names.display_runs(runs)
     by = [*config_cols, scheduler_col, k_col]
-    header = [label(c) for c in by] + ["n", label(value), label(success), "× smallest k"]
+    header = [label(c) for c in by] + ["n", head(value, ci), head(success, ci)]
+    header.append(ratio_head("× smallest k", ci))
     rows, n_min, missing, fell_back = [], [], 0, 0
     for key, g in stats.iter_groups(runs, [*config_cols, scheduler_col]):
-        tp = stats.summarize(g, value, [k_col], ci=ci, rng=rng)
-        sc = stats.summarize(g, success, [k_col], ci=ci, rng=rng)  # same groups, same order
+        tp = summarize_column(g, value, [k_col], ci, rng)
+        sc = summarize_column(g, success, [k_col], ci, rng)  # same groups, same order
         n_min.append(int(tp["n"].min()))
         missing += int(tp["n_missing"].sum() + sc["n_missing"].sum())
         fell_back += _fell_back(ci, tp, sc)
@@ -508,11 +601,18 @@ def staleness(
                 cells.append(_fmt_ratio(r.iloc[0]))
             rows.append(cells)
     notes = [
-        f"{label(value)} (`{value}`) and {label(success)} (`{success}`); × smallest k: ratio of "
-        f"mean throughput to the same scheduler at its smallest k, "
+        f"{label(value)} (`{value}`) and {label(success)} (`{success}`); × smallest k: "
+        f"throughput against the same scheduler at its smallest k, the {ratio_point(ci)}, "
         f"{stats.ci_label(_ratio_method(ci))}",
-        *_ci_notes(min(n_min, default=0), ci, missing, fell_back),
+        *_ci_notes(
+            min(n_min, default=0),
+            ci,
+            missing,
+            fell_back,
+            [*_statistics([value, success]), "ratio"],
+        ),
         *_pooled_notes(runs, by),
+        *_rate_notes(runs, [value, success]),
     ]
     return Table(title, header, rows, notes)
 
@@ -530,7 +630,7 @@ def convergence(
     target: str = TARGET,
     baselines: Sequence[str] | None = None,
     censored: str = "nan",
-    ci: str = "bca",
+    ci: str | None = None,
     rng: np.random.Generator | None = None,
 ) -> Table:
     """Wall-clock time until the smoothed success curve first reaches ``threshold``.
@@ -552,14 +652,13 @@ def convergence(
         df["t_end"] = df["t_end"].fillna(df["wall_s"])
     if "success_rate" not in df:
         df["success_rate"] = np.nan
-    header = [label(c) for c in by] + ["reached", f"s to {threshold:g}", label(success)]
-    header += [f"{target} × sooner"]
+    header = [label(c) for c in by] + ["reached"]
+    header += [f"s to {threshold:g}, mean [{_short(stats.method_for('mean', ci))}]"]
+    header += [head(success, ci), ratio_head(f"{target} × sooner", ci)]
     rows, n_min, fell_back = [], [], 0
     for ckey, cg in stats.iter_groups(df, config_cols):
-        times = stats.summarize(
-            cg[cg["reached"]], "time_to_threshold", [scheduler_col], ci=ci, rng=rng
-        )
-        succ = stats.summarize(cg, "success_rate", [scheduler_col], ci=ci, rng=rng)
+        times = summarize_column(cg[cg["reached"]], "time_to_threshold", [scheduler_col], ci, rng)
+        succ = summarize_column(cg, "success_rate", [scheduler_col], ci, rng)
         ratios = stats.time_to_threshold_ratios(
             cg,
             target=target,
@@ -588,7 +687,7 @@ def convergence(
     notes = [
         f"first wall-clock second at which the {window}-point trailing mean of `{key}` reaches "
         f"{threshold:g}; mean [95% CI] over the runs that reached it",
-        f"{target} × sooner: mean time of the baseline / mean time of {target}, "
+        f"{target} × sooner: time of the baseline / time of {target}, the {ratio_point(ci)}, "
         f"{stats.ci_label(_ratio_method(ci))}; "
         + (
             "a dash where a run never reached the threshold"
@@ -596,7 +695,13 @@ def convergence(
             else "runs that never reached it count their whole run time, so a ratio is a bound "
             "(≥: baseline runs censored, ≤: target runs censored, ≈: both)"
         ),
-        *_ci_notes(int(min(n_min, default=0)), ci, fell_back=fell_back),
+        *_ci_notes(
+            int(min(n_min, default=0)),
+            ci,
+            fell_back=fell_back,
+            statistics=("mean", "rate", "ratio"),
+        ),
         *_pooled_notes(df, by),
+        *_rate_notes(runs, [success]),
     ]
     return Table(f"Time to {threshold:g} success rate", header, rows, notes)

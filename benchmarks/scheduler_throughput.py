@@ -46,7 +46,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from analysis.stats import bootstrap_ci, ratio_ci  # noqa: E402
+from analysis.stats import ci_label, mean_ci, ratio_ci  # noqa: E402
 from benchmarks.common import LEVELS_OFF, provenance, write_results  # noqa: E402
 from ebrl.timeline import covered_s  # noqa: E402
 
@@ -382,10 +382,16 @@ def main() -> None:
             ]
         )
 
-    lines = ["| configuration | end-to-end env steps/s, mean [95% CI] | seeds |", "|---|---|---|"]
+    # every interval is the measured default of its statistic (analysis.stats.DEFAULT_METHOD),
+    # named where it is printed
+    lines = [
+        f"| configuration | end-to-end env steps/s, mean [{ci_label('t', n=len(seeds))}] | seeds |",
+        "|---|---|---|",
+    ]
     for n in names:
-        lines.append(f"| {n} | {bootstrap_ci(tp(n)).fmt('.1f')} | {len(tp(n))} |")
-    lines += ["", "| ratio | mean [95% CI], paired over seeds |", "|---|---|"]
+        lines.append(f"| {n} | {mean_ci(tp(n)).fmt('.1f')} | {len(tp(n))} |")
+    ratio_label = ci_label("t-log", n=len(seeds))
+    lines += ["", f"| ratio | geometric mean of per-seed ratios [{ratio_label}] |", "|---|---|"]
     if "ebrl" in names:
         for base in [n for n in names if n != "ebrl"]:
             lines.append(f"| ebrl / {base} | {ratio_ci(tp('ebrl'), tp(base)).fmt('.3f')} |")
@@ -393,20 +399,26 @@ def main() -> None:
         if bases:
             best = max(bases, key=lambda n: tp(n).mean())
             r = ratio_ci(tp("ebrl"), tp(best))
-            lines += ["", f"strongest baseline: {best}; EBRL speedup over it: {r.fmt('.3f')}"]
+            lines += [
+                "",
+                f"strongest baseline: {best}; EBRL speedup over it: {r.fmt('.3f')} "
+                f"({ci_label(r.method, n=r.n) if r.method else 'one seed: no interval'})",
+            ]
         steps = [(label, n) for label, n in ABLATION if n in names]
         if len(steps) > 1:
             lines += [
                 "",
-                "| ablation (cumulative) | steps/s | x previous | x levels off |",
+                f"ratios (x previous, x levels off): geometric mean of per-seed ratios "
+                f"[{ratio_label}]",
+                "",
+                f"| ablation (cumulative) | steps/s, mean [{ci_label('t')}] | x previous "
+                "| x levels off |",
                 "|---|---|---|---|",
             ]
             for i, (label, n) in enumerate(steps):
                 prev = ratio_ci(tp(n), tp(steps[i - 1][1])).fmt(".3f") if i else "-"
                 first = ratio_ci(tp(n), tp(steps[0][1])).fmt(".3f") if i else "-"
-                lines.append(
-                    f"| {label} ({n}) | {bootstrap_ci(tp(n)).fmt('.1f')} | {prev} | {first} |"
-                )
+                lines.append(f"| {label} ({n}) | {mean_ci(tp(n)).fmt('.1f')} | {prev} | {first} |")
     lines += [
         "",
         "| configuration | rollout chain busy | learner busy | both at once "
@@ -431,9 +443,10 @@ def main() -> None:
         glue = np.array([r["glue_cpu_frac"] for r in ebrl_rows])
         lines += [
             "",
-            f"EBRL efficiency vs pipeline bound: {bootstrap_ci(eff).fmt('.3f')}",
-            f"EBRL wall time with no stage running: {bootstrap_ci(ovh).fmt('.3f')}",
-            f"EBRL worker CPU outside stage calls: {bootstrap_ci(glue).fmt('.3f')}",
+            f"EBRL's per-run figures, mean [{ci_label('t', n=len(ebrl_rows))}]:",
+            f"EBRL efficiency vs pipeline bound: {mean_ci(eff).fmt('.3f')}",
+            f"EBRL wall time with no stage running: {mean_ci(ovh).fmt('.3f')}",
+            f"EBRL worker CPU outside stage calls: {mean_ci(glue).fmt('.3f')}",
         ]
         shaped = [r for r in ebrl_rows if "shape" in r]
         if shaped:
@@ -442,8 +455,8 @@ def main() -> None:
             lines += [
                 "EBRL's chosen shape per seed: "
                 + ", ".join(f"s{r['seed']} {r['shape']}" for r in shaped),
-                f"its start-up profile and search, seconds: {bootstrap_ci(cost).fmt('.1f')}",
-                f"the model's predicted / measured throughput: {bootstrap_ci(err).fmt('.2f')}",
+                f"its start-up profile and search, seconds: {mean_ci(cost).fmt('.1f')}",
+                f"the model's predicted / measured throughput: {mean_ci(err).fmt('.2f')}",
             ]
         watched = [r for r in shaped if r.get("shape_watch")]
         lines.append(
@@ -458,12 +471,11 @@ def main() -> None:
             lines += [
                 "measured in the run (env steps/s per shape, one after the other): "
                 + "; ".join(f"s{r['seed']} {r['shape_trials']}" for r in refit),
-                f"the trials' seconds: {bootstrap_ci(trial_s).fmt('.1f')}; the shape kept per "
+                f"the trials' seconds: {mean_ci(trial_s).fmt('.1f')}; the shape kept per "
                 "seed: " + ", ".join(f"s{r['seed']} {r['shape_after']}" for r in refit),
                 "effective cores of the model refit to the kept shape: "
-                + bootstrap_ci(cores).fmt(".2f"),
-                "the refit model's predicted / measured throughput: "
-                + bootstrap_ci(after).fmt(".2f"),
+                + mean_ci(cores).fmt(".2f"),
+                "the refit model's predicted / measured throughput: " + mean_ci(after).fmt(".2f"),
             ]
     table = "\n".join(lines)
     print("\n" + table)

@@ -119,26 +119,35 @@ def test_tables_render(data):
     assert {r[2] for r in g.rows} == {"PPO", "GRPO"}
     sc = tables.scaling(ppo)
     assert {r[2] for r in sc.rows} == {"16", "64"}
-    # every table says which interval it shows
+    # every table names the intervals it shows, by default the measured ones, in its notes and
+    # in the headers of its interval columns
     for t in (head, abl, st, conv, g, sc):
-        assert any("95% BCa bootstrap CI over seeds" in n for n in t.notes), t.title
+        assert "cells: mean [95% Student t CI (mean over seeds)]" in t.notes, t.title
+        assert any("95% Student t CI (paired log ratio)" in n for n in t.notes), t.title
+        assert any("[95% Student t CI, log ratio]" in h for h in t.header), t.title
+        assert any("mean [95% Student t CI]" in h for h in t.header), t.title
+        assert any("measured coverage" in n for n in t.notes), t.title
+    for t in (st, conv, g):  # with a success column: Wilson's interval
+        assert any(n.startswith("success rates: mean [95% Wilson CI") for n in t.notes), t.title
+        assert any("mean [95% Wilson CI]" in h for h in t.header), t.title
 
 
 @pytest.mark.parametrize(
-    ("ci", "said"),
+    ("ci", "said", "ratio"),
     [
-        ("percentile", "95% percentile bootstrap CI over seeds"),
-        ("t", "95% Student t CI over seeds"),
+        ("percentile", "95% percentile bootstrap CI (over seeds)", "95% percentile bootstrap CI"),
+        ("bca", "95% BCa bootstrap CI (over seeds)", "95% BCa bootstrap CI"),
+        ("t", "95% Student t CI (mean over seeds)", "95% Student t CI (paired log ratio)"),
     ],
 )
-def test_tables_name_the_interval_asked_for(data, ci, said):
+def test_tables_name_the_interval_asked_for(data, ci, said, ratio):
     runs, _ = data
     ppo = runs[runs["algo"] == "PPO"]
     head = tables.headline(ppo, ci=ci)
     assert f"cells: mean [{said}]" in head.notes
-    # ratios have no t interval: a bootstrap one, named
-    ratio = "95% percentile bootstrap CI" if ci == "percentile" else "95% BCa bootstrap CI"
     assert ratio in head.notes[0]
+    what = "ratio of means" if ci != "t" else "geometric mean of the per-seed ratios"
+    assert what in head.notes[0]
     with pytest.raises(ValueError, match="interval method"):
         tables.headline(ppo, ci="bootstrap")
 
@@ -151,7 +160,7 @@ def test_tables_say_where_bca_is_undefined():
         for sv, tp in (("EBRLScheduler", 200.0), ("AsyncScheduler", 100.0))
         for seed in range(3)
     ]
-    head = tables.headline(pd.DataFrame(rows), value="tp")
+    head = tables.headline(pd.DataFrame(rows), value="tp", ci="bca")
     ebrl = next(r for r in head.rows if r[2] == "EBRL")
     assert ebrl[4] == "200.0 [200.0, 200.0]" and ebrl[-2] == "2.00 [2.00, 2.00]"
     assert any(

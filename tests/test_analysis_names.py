@@ -134,7 +134,9 @@ def test_report_on_a_committed_export(tmp_path, capsys):
     for shown in ("| EBRL |", "| Async |", "| Hybrid |", "ManiSkill PushCube", "P(EBRL better)"):
         assert shown in table
     assert "Transformer-L (VLA-shaped)" in table and "Colocated" not in table
-    assert "95% BCa bootstrap CI over seeds" in table
+    # the default intervals, named in the headers and the notes
+    assert "mean [95% Student t CI]" in table and "[95% Student t CI, log ratio]" in table
+    assert "95% Student t CI (paired log ratio)" in table
     for old in ("Scheduler", "TransformerPolicy", "PushCube-v1"):
         assert old not in table and old not in tex
     assert "1 (strongest baseline)" in table  # Async is the strongest baseline there

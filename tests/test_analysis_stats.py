@@ -1,5 +1,6 @@
-"""analysis.stats on known inputs: IQM, BCa and percentile CIs, paired ratios, the stratified
-bootstrap, strongest baseline, time to threshold."""
+"""analysis.stats on known inputs: IQM, the default intervals (Student t of a mean, t on paired
+log ratios, Wilson's of a success rate) and the bootstrap ones (BCa, percentile), paired ratios,
+the stratified bootstrap, strongest baseline, time to threshold."""
 
 from __future__ import annotations
 
@@ -78,22 +79,25 @@ def test_bca_undefined_cases_fall_back_to_percentile_explicitly():
         stats.bootstrap_ci([1.0, 2.0], method="bootstrap")
 
 
-def test_ratio_ci_pairs_by_seed():
+@pytest.mark.parametrize("method", ["t-log", "bca"])
+def test_ratio_ci_pairs_by_seed(method):
     rng = np.random.default_rng(0)
     # each seed's machine state scales both runs of that seed: pairing cancels it
     seed_effect = rng.uniform(50, 150, size=6)
     den = seed_effect * rng.normal(1, 0.01, 6)
     num = 2 * seed_effect * rng.normal(1, 0.01, 6)
-    paired = stats.ratio_ci(num, den, rng=np.random.default_rng(1))
-    unpaired = stats.ratio_ci(num, den, paired=False, rng=np.random.default_rng(1))
-    assert paired.method == unpaired.method == "bca"
+    kw = {"method": method} if method != "t-log" else {}  # t-log is the default
+    paired = stats.ratio_ci(num, den, rng=np.random.default_rng(1), **kw)
+    unpaired = stats.ratio_ci(num, den, paired=False, rng=np.random.default_rng(1), **kw)
+    assert paired.method == unpaired.method == method
     assert paired.low < paired.value < paired.high and paired.value == pytest.approx(2, abs=0.03)
-    assert paired.high - paired.low < 0.06  # the 1% per-run noise, not the seeds' 3x spread
+    # the 1% per-run noise, not the seeds' 3x spread (t's interval is the wider: it covers)
+    assert paired.high - paired.low < 0.08
     assert unpaired.high - unpaired.low > 10 * (paired.high - paired.low)
-    # the same ratio on every seed: every paired resample gives it (BCa undefined, zero width)
-    exact = stats.ratio_ci(2 * den, den, rng=rng)
+    # the same ratio on every seed: a zero-width interval (for BCa, undefined: the percentile)
+    exact = stats.ratio_ci(2 * den, den, rng=rng, **kw)
     assert (exact.value, exact.low, exact.high) == pytest.approx((2, 2, 2))
-    assert exact.method == "percentile"
+    assert exact.method == ("percentile" if method == "bca" else method)
     # unpaired groups may differ in size; more runs, a narrower interval
     big = stats.ratio_ci(rng.normal(200, 10, 64), rng.normal(100, 5, 40), paired=False, rng=rng)
     small = stats.ratio_ci(rng.normal(200, 10, 4), rng.normal(100, 5, 4), paired=False, rng=rng)
@@ -154,15 +158,16 @@ def test_summarize_groups_and_missing():
     s = stats.summarize(df, "tp", ["cfg", "scheduler_variant"]).set_index(
         ["cfg", "scheduler_variant"]
     )
-    a = s.loc[("x", "A")]
-    assert a["n"] == 3 and a["n_missing"] == 1
-    assert a["mean"] == 300 and a["std"] == pytest.approx(1.0) and a["iqm"] == pytest.approx(300)
-    assert a["ci_low"] >= 299 and a["ci_high"] <= 301 and a["ci_method"] == "bca"
-    t = stats.summarize(df, "tp", ["cfg", "scheduler_variant"], ci="t").set_index(
+    t = s.loc[("x", "A")]
+    assert t["n"] == 3 and t["n_missing"] == 1
+    assert t["mean"] == 300 and t["std"] == pytest.approx(1.0) and t["iqm"] == pytest.approx(300)
+    # the default: Student t, 300 +- t(0.975, 2 dof) * 1 / sqrt(3)
+    assert t["ci_method"] == "t" and t["ci_high"] - 300 == pytest.approx(4.303 / np.sqrt(3), 1e-3)
+    a = stats.summarize(df, "tp", ["cfg", "scheduler_variant"], ci="bca").set_index(
         ["cfg", "scheduler_variant"]
     )
-    assert t.loc[("x", "A"), "ci_low"] < a["ci_low"]  # the t interval is wider at n=3
-    assert t.loc[("x", "A"), "ci_method"] == "t"
+    assert a.loc[("x", "A"), "ci_low"] >= 299 and a.loc[("x", "A"), "ci_high"] <= 301
+    assert a.loc[("x", "A"), "ci_method"] == "bca"  # the bootstrap's, narrower at n=3
     with pytest.raises(ValueError, match="interval method"):
         stats.summarize(df, "tp", ["cfg"], ci="bootstrap")
 
@@ -171,10 +176,12 @@ def test_speedup_over_strongest_baseline():
     sp = stats.speedup_over_baseline(_runs(), "tp", target="A", config_cols=["cfg"])
     sp = sp.set_index(["cfg", "scheduler_variant"])
     assert sp.loc[("x", "A"), "baseline"] == "B" and sp.loc[("y", "A"), "baseline"] == "C"
-    assert sp.loc[("x", "A"), "ratio"] == pytest.approx(2.0)
-    assert sp.loc[("y", "A"), "ratio"] == pytest.approx(2.0)
+    # the default (t on paired log ratios): the geometric mean of 299/149, 300/150, 301/151
+    assert sp.loc[("x", "A"), "ratio"] == pytest.approx(2.0, rel=1e-4)
+    assert sp.loc[("y", "A"), "ratio"] == pytest.approx(2.0, rel=1e-4)
     assert sp.loc[("x", "B"), "ratio"] == pytest.approx(1.0)  # the strongest itself
-    assert sp.loc[("x", "C"), "ratio"] == pytest.approx(100 / 150)
+    assert sp.loc[("x", "C"), "ratio"] == pytest.approx(100 / 150, rel=1e-4)
+    assert (sp["ci_method"] == "t-log").all()
     assert sp["paired"].all()
     lo, hi = sp.loc[("x", "A"), ["ci_low", "ci_high"]]
     assert lo <= 2.0 <= hi and hi - lo < 0.05
@@ -183,7 +190,7 @@ def test_speedup_over_strongest_baseline():
         _runs(), "tp", target="A", config_cols=["cfg"], higher_is_better=False
     ).set_index(["cfg", "scheduler_variant"])
     assert lb.loc[("x", "A"), "baseline"] == "C"
-    assert lb.loc[("x", "A"), "ratio"] == pytest.approx(100 / 300)
+    assert lb.loc[("x", "A"), "ratio"] == pytest.approx(100 / 300, rel=1e-4)
 
 
 def test_speedup_pairs_only_matching_seeds_and_flags_missing():
@@ -249,7 +256,8 @@ def test_time_to_threshold_ratios_and_censoring():
     assert r.loc["slow", "ratio"] == pytest.approx(2.0) and r.loc["slow", "reached"] == "3/3"
     assert np.isnan(r.loc["stuck", "ratio"]) and r.loc["stuck", "reached_baseline"] == "0/1"
     b = stats.time_to_threshold_ratios(ttt, target="fast", censored="budget").set_index("baseline")
-    assert b.loc["stuck", "ratio"] == pytest.approx(100 / np.mean([30, 30.3, 30.6]))
+    # one stuck run against three: no interval; the ratio of geometric means (t-log's point)
+    assert b.loc["stuck", "ratio"] == pytest.approx(100 / stats_gmean([30, 30.3, 30.6]))
     assert b.loc["stuck", "censored_baseline"] == 1 and b.loc["stuck", "censored_target"] == 0
 
 
@@ -262,3 +270,86 @@ def test_curve_bands_mean_and_common_end():
     assert (after["mean"] == 0.5).all() and (after["n"] == 2).all()
     assert (after["ci_low"] <= 0.5).all() and (after["ci_high"] >= 0.5).all()
     assert b[b["t"] < 1.0]["mean"].isna().all()  # before any point: no value, not zero
+
+
+def stats_gmean(x: list[float]) -> float:
+    return float(np.exp(np.mean(np.log(x))))
+
+
+def test_t_log_ratio_on_known_values():
+    """Paired: a t interval on log(num / den) with n - 1 dof, back on the ratio scale; its
+    point the geometric mean of the per-seed ratios. Unpaired: Welch's t on the logs."""
+    num, den = np.array([110.0, 99.0, 121.0]), np.array([100.0, 100.0, 100.0])
+    e = stats.ratio_ci(num, den)
+    d = np.log(num / den)
+    half = 4.302653 * d.std(ddof=1) / np.sqrt(3)
+    assert e.method == "t-log" and e.n == 3
+    assert e.value == pytest.approx(np.exp(d.mean()))
+    assert (e.low, e.high) == pytest.approx((np.exp(d.mean() - half), np.exp(d.mean() + half)))
+    # symmetric in direction: the interval of den / num is the reciprocal one
+    r = stats.ratio_ci(den, num)
+    assert (r.value, r.low, r.high) == pytest.approx((1 / e.value, 1 / e.high, 1 / e.low))
+    u = stats.ratio_ci([200.0, 220.0, 210.0, 190.0], [100.0, 105.0], paired=False)
+    assert u.method == "t-log" and u.low < u.value < u.high and u.n == 2
+    with pytest.raises(ValueError, match=r"positive values.*method='bca'"):
+        stats.ratio_ci([1.0, 0.0], [1.0, 1.0])
+    with pytest.raises(ValueError, match="interval method"):
+        stats.ratio_ci([1.0, 2.0], [1.0, 1.0], method="t")
+
+
+def test_rate_ci_wilson_with_effective_episodes():
+    """Wilson's interval on the effective episodes: inside [0, 1], not zero-width when every
+    seed succeeded every time (the episodes' binomial variance), wider with spread seeds."""
+    ones = stats.rate_ci([1.0, 1.0, 1.0], trials=50)
+    # p = 1, N = 150 episodes, q = t(0.975, 2 dof): Wilson's lower end 1 / (1 + q^2 / N)
+    q = 4.302653
+    assert ones.method == "wilson" and ones.high == 1.0
+    assert ones.low == pytest.approx(1 / (1 + q * q / 150), rel=1e-6)
+    assert 0.85 < ones.low < 0.95
+    # the t interval of the same rates: zero width, the failure at the bound
+    t = stats.rate_ci([1.0, 1.0, 1.0], trials=50, method="t")
+    assert (t.low, t.high, t.method) == (1.0, 1.0, "t")
+    spread = stats.rate_ci([0.6, 0.9, 0.95], trials=50)
+    assert (
+        0.0 <= spread.low < 0.6
+        and spread.high <= 1.0
+        and spread.value == pytest.approx(0.8167, 1e-3)
+    )
+    # the variance is the one between seeds when it is larger than the binomial one
+    x = np.array([0.6, 0.9, 0.95])
+    n_eff = x.mean() * (1 - x.mean()) / (x.var(ddof=1) / 3)
+    centre = (x.mean() + q * q / (2 * n_eff)) / (1 + q * q / n_eff)
+    assert (spread.low + spread.high) / 2 == pytest.approx(centre, rel=1e-6)
+    # unknown episodes: no binomial floor, so seeds that agree give no width
+    assert stats.rate_ci([1.0, 1.0, 1.0]).low == 1.0
+    b = stats.rate_ci([0.6, 0.9, 0.95], method="bca", rng=np.random.default_rng(0))
+    assert b.method == "bca"
+    with pytest.raises(ValueError, match=r"success rates must lie in \[0, 1\]"):
+        stats.rate_ci([0.5, 1.5])
+    with pytest.raises(ValueError, match="trials"):
+        stats.rate_ci([0.5, 0.6], trials=0)
+
+
+def test_summarize_a_success_rate_with_its_episodes():
+    df = pd.DataFrame({"g": ["a"] * 3, "s": [1.0, 1.0, 1.0], "eps": [50, 50, 50]})
+    r = stats.summarize(df, "s", ["g"], statistic="rate", trials_col="eps").iloc[0]
+    assert r["ci_method"] == "wilson" and 0.85 < r["ci_low"] < 0.95 and r["ci_high"] == 1.0
+    with pytest.raises(ValueError, match="statistic must be"):
+        stats.summarize(df, "s", ["g"], statistic="ratio")
+
+
+def test_method_for_and_labels_name_the_method():
+    assert stats.DEFAULT_METHOD == {"mean": "t", "ratio": "t-log", "rate": "wilson"}
+    assert [stats.method_for(s) for s in ("mean", "ratio", "rate")] == ["t", "t-log", "wilson"]
+    assert [stats.method_for(s, "t") for s in ("mean", "ratio", "rate")] == ["t", "t-log", "t"]
+    assert {stats.method_for(s, "bca") for s in ("mean", "ratio", "rate")} == {"bca"}
+    assert stats.method_for("mean", "wilson") == "t"  # a rate's method, not a mean's: default
+    with pytest.raises(ValueError, match="interval method"):
+        stats.method_for("mean", "bootstrap")
+    assert stats.ci_label("t-log", n=5) == "95% Student t CI (paired log ratio, n=5)"
+    assert stats.ci_label("t-log", paired=False) == "95% Student t CI (log ratio, unpaired (Welch))"
+    assert stats.ci_label("t") == "95% Student t CI (mean over seeds)"
+    assert stats.ci_label("bca", n=3) == "95% BCa bootstrap CI (over seeds, n=3)"
+    assert stats.ci_label("wilson").startswith("95% Wilson CI (success rate")
+    assert stats.mean_ci([1.0, 2.0, 3.0]).method == "t"
+    assert stats.mean_ci([1.0, 2.0, 4.0], method="percentile").method == "percentile"

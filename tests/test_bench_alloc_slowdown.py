@@ -80,5 +80,6 @@ def test_table_compares_elastic_after_the_move_with_frozen_and_even():
     assert "| 500.0 | 250.0 | 250.0 | 300.0 | 0.600 | 1.200 |" in text
     # the static runs take the elastic run's windows
     assert "| slowtrain-frozen | 1 | never | - | 500.0 | 250.0 | 250.0 | 250.0 | 0.500 |" in text
-    assert "- elastic / frozen: 1.150 [" in text and "(per seed 1.200, 1.100)" in text
+    # the default ratio interval (t on paired log ratios): the geometric mean of 1.2 and 1.1
+    assert "- elastic / frozen: 1.149 [" in text and "(per seed 1.200, 1.100)" in text
     assert "- elastic / even: 1.000 [1.000, 1.000] (per seed 1.000, 1.000)" in text
