@@ -141,6 +141,7 @@ def test_ranks_make_as_many_passes_as_the_largest_shard():
     """FSDP's passes are collectives: both ranks of a 9-decision minibatch (shards 5 and 4)
     make 3 passes of at most 2."""
     from ebrl.algos.loss import micro_batches
+
     idx = torch.arange(9)
     shards = torch.tensor_split(idx, 2)
     parts = [micro_batches(s, 9, 2, 2) for s in shards]

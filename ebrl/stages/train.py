@@ -191,14 +191,31 @@ class TrainStage:
                 save_snapshot(self.snapshots, self.algo.policy, self._full)
         return metrics
 
-    def weights(self) -> tuple[int, dict[str, torch.Tensor]]:
-        """(version, a detached CPU copy of the policy's full state dict), ready to publish.
+    def weights(self, changing_only: bool = False) -> tuple[int, dict[str, torch.Tensor]]:
+        """(version, a detached CPU copy of the policy's full state dict), ready to publish;
+        ``changing_only``: of the tensors an update changes only (:meth:`changing`).
 
         Under FSDP only the leader holds it (gathered after each update); another rank raises.
         """
+        keys = self.changing() if changing_only else None
         if not self.dp.sharded:
-            return self.algo.policy.get_weights()
-        return self.version, dict(self.state())
+            state = self.algo.policy.state_dict()
+            keys = keys if keys is not None else tuple(state)
+            return self.version, {k: state[k].detach().cpu().clone() for k in keys}
+        full = self.state()  # the leader's gathered CPU copy, already its own
+        return self.version, {k: full[k] for k in (keys if keys is not None else full)}
+
+    def changing(self) -> tuple[str, ...] | None:
+        """The state-dict keys an update can change: the parameters that train
+        (``requires_grad``) and every buffer; None when that is every key. A VLA whose
+        backbone is frozen trains its action expert only: the rest need publishing once."""
+        policy = self.algo.policy
+        frozen = {
+            n for n, p in policy.named_parameters(remove_duplicate=False) if not p.requires_grad
+        }
+        if not frozen:
+            return None
+        return tuple(k for k in policy.state_dict(keep_vars=True) if k not in frozen)
 
     def state(self) -> dict[str, torch.Tensor]:
         """The policy's full state dict, for the weight board: its live tensors (no copy), or
