@@ -148,6 +148,7 @@ def _rank_main(rank: int, world: int, port: int, out: str) -> None:
         res["_ckpt"] = _train("ppo_action", inputs["ppo_action"], dp, checkpoint=ckpt)
         res["_grads"] = _grad_sum_check(dp)
         res["_rng"] = _rng_mismatch(dp, inputs["ppo_action"])
+        res["_min"] = dp.min_int(5 + 3 * dp.rank)  # the micro-batch the ranks agree on
         torch.save(res, Path(out) / f"rank{rank}.pt")
     finally:
         destroy()
@@ -235,6 +236,10 @@ def test_sum_grads_one_buffer_and_missing_grads(runs):
         assert torch.equal(g["a"], torch.full((3,), 3.0))  # 1 + 2
         assert torch.equal(g["b"], torch.ones(3))  # rank 0 had none: zeros + ones
         assert g["c"] is None  # nobody had one: stays None, the optimiser skips it
+
+
+def test_ranks_agree_on_the_smallest_micro_batch(runs):
+    assert [r["_min"] for r in runs["ranks"]] == [5, 5]
 
 
 def test_ranks_with_different_random_states_are_stopped(runs):

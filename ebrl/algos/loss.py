@@ -38,6 +38,11 @@ shard of every minibatch, normalised by the whole minibatch's counts (kept sampl
 actions, minibatch size, advantage mean and std: :func:`loss_normalisers`), so the per-rank
 gradients sum to exactly the whole minibatch's gradient of a one-rank run, whether they are summed
 whole (DDP) or reduce-scattered into shards (FSDP, with a divide factor of 1).
+
+Micro-batches (``ClipConfig.micro_batch``) use the same arithmetic: a rank's part of a minibatch
+is cut into passes of at most that many decisions, each normalised by the whole minibatch's
+counts, and their gradients accumulate before the minibatch's one step, so a model whose
+minibatch does not fit in one forward pass (a VLA's 2,816 decisions) trains as if it did.
 """
 
 from __future__ import annotations
