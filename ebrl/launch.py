@@ -49,6 +49,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from ebrl.config import ConfigError, LauncherKind, RunConfig, register, target_machine, validate
 from ebrl.hardware import local_machine
+from ebrl.memory import dry_run_lines as memory_lines
 
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 #: keys that never change what or where a job runs: jobs differing only in these share a check
@@ -315,7 +316,9 @@ def _check_job(sweep: str, overrides: list[str]) -> _Checked:
         return kind, params, str(e), store, None
     except Exception as e:  # a node's own check (e.g. in __post_init__)
         return kind, params, f"{type(e).__name__}: {e}", store, None
-    roles = getattr(own, "line", None) or roles_line(OmegaConf.to_container(job, resolve=True))  # type: ignore[arg-type]
+    plain: dict = OmegaConf.to_container(job, resolve=True)  # type: ignore[assignment]
+    # an RLinf job's own line (its translation); else the roles and each role's memory
+    roles = getattr(own, "line", None) or roles_line(plain) + memory_lines(plain)
     return kind, params, None, store, roles
 
 

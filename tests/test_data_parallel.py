@@ -61,7 +61,16 @@ CASES = {
     "grpo": ("grpo", dict(group_size=2, update_epochs=2, num_minibatches=3, kl_coef=0.1,
                           ent_coef=0.01, norm_adv=True, target_kl=None),
              dict(n_envs=6, t_len=8, k=2, noise=1.0, group=2)),
+    # ppo_action / grpo in micro-batches of 2 (shards of 5 and 4: 3 passes on each rank)
+    "ppo_micro": ("ppo", dict(update_epochs=2, num_minibatches=3, target_kl=None, ent_coef=0.01,
+                              micro_batch=2),
+                  dict(n_envs=5, t_len=5, k=3, noise=1.0)),
+    "grpo_micro": ("grpo", dict(group_size=2, update_epochs=2, num_minibatches=3, kl_coef=0.1,
+                                ent_coef=0.01, norm_adv=True, target_kl=None, micro_batch=2),
+                   dict(n_envs=6, t_len=8, k=2, noise=1.0, group=2)),
 }  # fmt: skip
+#: a micro-batched case -> the case it is in one pass per minibatch
+WHOLE = {"ppo_micro": "ppo_action", "grpo_micro": "grpo"}
 
 SPEC = {"ppo": (PPO, PPOConfig), "grpo": (GRPO, GRPOConfig)}
 
@@ -139,6 +148,7 @@ def _rank_main(rank: int, world: int, port: int, out: str) -> None:
         res["_ckpt"] = _train("ppo_action", inputs["ppo_action"], dp, checkpoint=ckpt)
         res["_grads"] = _grad_sum_check(dp)
         res["_rng"] = _rng_mismatch(dp, inputs["ppo_action"])
+        res["_min"] = dp.min_int(5 + 3 * dp.rank)  # the micro-batch the ranks agree on
         torch.save(res, Path(out) / f"rank{rank}.pt")
     finally:
         destroy()
@@ -226,6 +236,10 @@ def test_sum_grads_one_buffer_and_missing_grads(runs):
         assert torch.equal(g["a"], torch.full((3,), 3.0))  # 1 + 2
         assert torch.equal(g["b"], torch.ones(3))  # rank 0 had none: zeros + ones
         assert g["c"] is None  # nobody had one: stays None, the optimiser skips it
+
+
+def test_ranks_agree_on_the_smallest_micro_batch(runs):
+    assert [r["_min"] for r in runs["ranks"]] == [5, 5]
 
 
 def test_ranks_with_different_random_states_are_stopped(runs):
@@ -320,11 +334,29 @@ def _same(a: dict, b: dict) -> None:
             assert ma[k] == mb[k] or (math.isnan(ma[k]) and math.isnan(mb[k])), k
 
 
-@pytest.mark.parametrize("name", list(CASES))
+def _before_micro_batches(*args, micro_batch=None, **kwargs):
+    """:func:`_sgd_update_before_dp` called as the learner calls sgd_update now (one pass)."""
+    assert micro_batch is None
+    return _sgd_update_before_dp(*args, **kwargs)
+
+
+@pytest.mark.parametrize("micro, whole", list(WHOLE.items()))
+def test_micro_batched_ranks_train_like_one_rank_in_one_pass(runs, micro, whole):
+    """2 ranks, each cutting its shard into micro-batches: the one-rank whole-minibatch update."""
+    solo = runs["solo"][whole]
+    for r in runs["ranks"]:
+        for k, w in solo["weights"].items():
+            torch.testing.assert_close(r[micro]["weights"][k], w, rtol=1e-5, atol=1e-6)
+        for m2, m1 in zip(r[micro]["metrics"], solo["metrics"]):
+            bad = {k: (m2[k], m1[k]) for k in m1 if not _close(m2[k], m1[k])}
+            assert not bad
+
+
+@pytest.mark.parametrize("name", [n for n in CASES if n not in WHOLE])
 def test_solo_is_the_update_before_data_parallelism(runs, name, monkeypatch):
     ref_algo = {"ppo": "ebrl.algos.ppo.sgd_update", "grpo": "ebrl.algos.grpo.sgd_update"}
     with monkeypatch.context() as m:
-        m.setattr(ref_algo[CASES[name][0]], _sgd_update_before_dp)
+        m.setattr(ref_algo[CASES[name][0]], _before_micro_batches)
         before = _train(name, runs["inputs"][name], SOLO)
     _same(runs["solo"][name], before)
 

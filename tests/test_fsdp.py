@@ -69,6 +69,11 @@ CASES = {
     "ppo_transformer": ("ppo", "transformer", dict(update_epochs=1, num_minibatches=3,
                                                    target_kl=None),
                         dict(n_envs=5, t_len=5, k=3, noise=1.0)),
+    # the transformer in micro-batches of 2: shards of 5 and 4 (3 passes each, one of them
+    # empty on neither), gradients accumulated into the shards over the passes
+    "ppo_transformer_micro": ("ppo", "transformer", dict(update_epochs=1, num_minibatches=3,
+                                                         target_kl=None, micro_batch=2),
+                              dict(n_envs=5, t_len=5, k=3, noise=1.0)),
 }  # fmt: skip
 
 ALGOS = {"ppo": (PPO, PPOConfig), "grpo": (GRPO, GRPOConfig)}
@@ -223,6 +228,17 @@ def test_two_fsdp_ranks_train_like_one(runs, name):
     assert r0["dtensors"] and r1["dtensors"]
     if CASES[name][0] == "grpo":
         assert r0["ref_sharded"] and r1["ref_sharded"]
+
+
+def test_micro_batched_fsdp_ranks_train_like_one_rank_in_one_pass(runs):
+    """FSDP ranks accumulating micro-batches into their shards: the one-rank whole-minibatch
+    update."""
+    solo = runs["solo"]["ppo_transformer"]
+    r0 = runs["ranks"][0]["ppo_transformer_micro"]  # the leader: the gathered full weights
+    _same_weights(r0["weights"], solo["weights"])
+    for m0, ms in zip(r0["metrics"], solo["metrics"]):
+        bad = {k: (m0[k], ms[k]) for k in ms if not _close(m0[k], ms[k])}
+        assert not bad
 
 
 def test_the_update_clips_and_stops_early(runs):

@@ -29,6 +29,7 @@ from ebrl.algos.loss import (
     anneal_lr,
     behaviour_stats,
     optimizer_to,
+    row_slices,
     sgd_update,
 )
 from ebrl.algos.returns import group_relative_advantages
@@ -56,6 +57,7 @@ class GRPOConfig(ClipConfig):
     """Re-standardise advantages per minibatch (off: group normalisation already did it)."""
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         # A plain str, not Literal: Hydra/OmegaConf structured configs reject Literal annotations.
         if self.reward not in ("return", "success"):
             raise ValueError(
@@ -158,6 +160,8 @@ class GRPO:
         cfg = self.cfg
         self.optimizer = torch.optim.Adam(policy.parameters(), lr=cfg.lr, eps=cfg.adam_eps)
         self.dp = dp
+        #: decisions per forward pass (``cfg.micro_batch``; TrainStage sizes it on a GPU)
+        self.micro_batch = cfg.micro_batch
         self.reference: Policy | None = None
         self._warned_empty = False
         if cfg.kl_coef > 0:
@@ -238,8 +242,15 @@ class GRPO:
         obs = seg.obs.flatten(0, 1)[mask]  # [B, O], valid decisions only
         actions = seg.actions.flatten(0, 1)[mask]  # [B, K, A]
         extras = {k: v[mask] for k, v in seg.flat_extras().items()}  # name -> [B, ...]
-        with torch.no_grad():
-            prox = policy.dist(obs, actions, extras).log_prob(actions).sum(dim=2)  # [B, K]
+        with torch.no_grad():  # in micro-batches, as the update's passes
+            prox = torch.cat(
+                [
+                    policy.dist(obs[s], actions[s], {k: v[s] for k, v in extras.items()})
+                    .log_prob(actions[s])
+                    .sum(dim=2)
+                    for s in row_slices(len(obs), self.micro_batch)
+                ]
+            )  # [B, K]
         behav = seg.logprob.flatten()[mask]  # [B]
         batch = FlatBatch(
             obs=obs,
@@ -262,6 +273,7 @@ class GRPO:
             vf_coef=0.0,
             extra_loss=self._ref_kl(batch) if self.reference is not None else None,
             dp=self.dp,
+            micro_batch=self.micro_batch,
         )
         policy.version += 1
         return {

@@ -38,6 +38,11 @@ shard of every minibatch, normalised by the whole minibatch's counts (kept sampl
 actions, minibatch size, advantage mean and std: :func:`loss_normalisers`), so the per-rank
 gradients sum to exactly the whole minibatch's gradient of a one-rank run, whether they are summed
 whole (DDP) or reduce-scattered into shards (FSDP, with a divide factor of 1).
+
+Micro-batches (``ClipConfig.micro_batch``) use the same arithmetic: a rank's part of a minibatch
+is cut into passes of at most that many decisions, each normalised by the whole minibatch's
+counts, and their gradients accumulate before the minibatch's one step, so a model whose
+minibatch does not fit in one forward pass (a VLA's 2,816 decisions) trains as if it did.
 """
 
 from __future__ import annotations
@@ -92,6 +97,11 @@ class ClipConfig:
     """Drop samples with exp(prox - behav) above this (RLinf: default None, 2.0 in its scripts)."""
     dual_clip: float | None = 3.0
     """Dual-clip c > 1 for negative advantages (Ye et al. 2020; RLinf's clip_ratio_c, 3.0)."""
+    micro_batch: int | None = None
+    """Decisions per forward pass of a learner rank: each minibatch is cut into micro-batches
+    of at most this many, their gradients accumulated into the whole minibatch's one step (the
+    same update, to float rounding; :func:`sgd_update`). None: sized from the learner's GPU
+    memory (:mod:`ebrl.memory`) on a GPU, the whole minibatch in one pass on the CPU."""
 
     def effective_target_kl(self, chunk_size: int) -> float | None:
         """The KL cutoff actually used for chunks of ``chunk_size`` actions."""
@@ -102,6 +112,7 @@ class ClipConfig:
         return self.target_kl
 
     def __post_init__(self) -> None:
+        check_micro_batch(self.micro_batch)
         if self.ratio_level not in RATIO_LEVELS:
             raise ValueError(
                 f"ratio_level={self.ratio_level!r}: expected one of {', '.join(RATIO_LEVELS)}"
@@ -298,6 +309,7 @@ def sgd_update(
     vf_coef: float,
     extra_loss: ExtraLoss | None = None,
     dp: DataParallel = SOLO,
+    micro_batch: int | None = None,
 ) -> dict[str, float]:
     """Epochs of shuffled minibatch SGD on the decoupled PPO loss, with KL early stopping.
 
@@ -318,6 +330,14 @@ def sgd_update(
     rank steps its shard: the same update. With
     :data:`~ebrl.runtime.dist.SOLO` (the default) nothing is communicated and the update is
     exactly the one-process update.
+
+    Micro-batches (``micro_batch``: at most this many decisions per forward pass on a rank; None:
+    the rank's whole part of the minibatch in one pass): each minibatch's part on this rank is
+    cut into :func:`micro_batches`, each pass takes its share of the whole minibatch's loss (the
+    normalisers, advantage statistics and means of the data-parallel shards above, so nothing is
+    averaged per micro-batch), and the gradients accumulate over the passes before the one step:
+    the update of the whole minibatch, to float rounding, holding one micro-batch's activations
+    at a time. The KL stop test and the logged metrics are the whole minibatch's.
 
     Returns:
         Metrics without prefix: policy_loss, value_loss, entropy, approx_kl (last minibatch
@@ -342,68 +362,41 @@ def sgd_update(
                 continue
             b = idx.numel()
             adv_mb = batch.advantages[idx]  # [b], the whole minibatch's
-            loss_denom = stat_denom = None
-            mean: Callable[[Tensor], Tensor] = torch.mean
-            sidx, adv = idx, adv_mb
-            if not solo:
-                sidx = dp.shard(idx)  # [b_r], this rank's part
-                adv = batch.advantages[sidx]  # [b_r]
+            sidx = dp.shard(idx)  # [b_r], this rank's part (all of it for SOLO)
+            parts = micro_batches(sidx, b, dp.world, micro_batch)
+            norm = None
+            if not solo or len(parts) > 1:  # each pass a share of the whole minibatch's loss
                 loss_denom, stat_denom = _minibatch_normalisers(batch, idx, cfg)
-                mean = functools.partial(_share_of_mean, n=b)
+                norm = (loss_denom, stat_denom, functools.partial(_share_of_mean, n=b))
+            adv_stats = None
             if cfg.norm_adv and b > 1:  # statistics of the whole minibatch
-                adv = (adv - adv_mb.mean()) / (adv_mb.std() + 1e-8)
-            obs, actions = batch.obs[sidx], batch.actions[sidx]
-            d = policy.dist(obs, actions, batch.extras_of(sidx))  # loc/scale [b, K, A]
-            logprob = d.log_prob(actions).sum(dim=2)  # [b, K]
-            prox = batch.prox_logprob[sidx]  # [b, K]
-            entropy = d.entropy().sum(dim=(1, 2))  # [b]
-            mask = None
-            if cfg.ratio_level == "chunk":
-                logprob, prox = logprob.sum(dim=1), prox.sum(dim=1)  # [b]
-            elif batch.n_steps is not None:
-                k = logprob.shape[1]
-                mask = torch.arange(k, device=adv.device)[None, :] < batch.n_steps[sidx][:, None]
-            pl = decoupled_ppo_loss(
-                logprob,
-                prox,
-                batch.behav_logprob[sidx],
-                adv,
-                clip_coef=cfg.clip_coef,
-                behave_weight_threshold=cfg.behave_weight_threshold,
-                dual_clip=cfg.dual_clip,
-                mask=mask,
-                loss_denom=loss_denom,
-                stat_denom=stat_denom,
-            )
-            kl, clipfrac = pl.approx_kl, pl.clipfrac
+                adv_stats = (adv_mb.mean(), adv_mb.std())
+            # forward and backward pass by pass, the gradients accumulating: the graph of one
+            # micro-batch is all that is ever held. The KL stop test needs the whole
+            # minibatch's KL, known after the last pass; a stopped minibatch's gradients are
+            # thrown away, so it is not applied, as before
+            optimizer.zero_grad(set_to_none=True)
+            got = _Shares()
+            for part in parts:
+                _micro_pass(policy, batch, part, cfg, got, norm, adv_stats, vf_coef, extra_loss)
+            kl, clipfrac = got.kl, got.clipfrac
             if not solo:  # the whole minibatch's: every rank takes the same stop decision
                 kl, clipfrac = dp.sum_floats([kl, clipfrac])
             approx_kl = kl
             if target_kl is not None and kl > target_kl:
+                optimizer.zero_grad(set_to_none=True)
                 stop = True
                 break
-            ent = mean(entropy)
-            loss = pl.loss - cfg.ent_coef * ent
-            v_loss = torch.zeros(())
-            if vf_coef != 0.0:
-                v = policy.value(obs, batch.extras_of(sidx))  # [b]
-                v_loss = 0.5 * mean((v - batch.returns[sidx]) ** 2)
-                loss = loss + vf_coef * v_loss
-            if extra_loss is not None:
-                extra, extra_log = extra_loss(d, sidx, mean)
-                loss = loss + extra
-                sums["extra"] += extra_log
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
             if not dp.sharded:  # FSDP's backward already reduce-scattered the summed shards
                 dp.sum_grads(params)  # no-op for SOLO
             # sharded (DTensor) gradients: torch reduces the shards' norms to the global norm
             nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
             optimizer.step()
             n_applied += 1
-            sums["policy_loss"] += pl.loss.item()
-            sums["value_loss"] += v_loss.item()
-            sums["entropy"] += ent.item()
+            sums["policy_loss"] += got.policy_loss
+            sums["value_loss"] += got.value_loss
+            sums["entropy"] += got.entropy
+            sums["extra"] += got.extra
             sums["clipfrac"] += clipfrac
         if stop:
             break
@@ -420,6 +413,124 @@ def sgd_update(
         "approx_kl": approx_kl,
         "epochs_run": n_applied / cfg.num_minibatches,
     }
+
+
+def row_slices(n: int, micro_batch: int | None) -> list[slice]:
+    """``n`` rows in consecutive slices of at most ``micro_batch`` (None: one slice): the
+    passes of a no-grad forward over a whole segment (the proximal log-probs, the values)."""
+    if micro_batch is None or n <= micro_batch:
+        return [slice(0, n)]
+    return [slice(i, min(i + micro_batch, n)) for i in range(0, n, micro_batch)]
+
+
+def micro_batches(
+    idx: Tensor, minibatch: int, world: int, micro_batch: int | None
+) -> tuple[Tensor, ...]:
+    """This rank's part ``idx`` of a minibatch of ``minibatch`` decisions, cut into the passes
+    :func:`sgd_update` makes: parts of at most ``micro_batch`` decisions (None: one pass).
+
+    Every rank of a group of ``world`` makes the same number of passes, that of the largest
+    shard (a rank's last parts may be empty): under FSDP each pass is a collective (its
+    all-gathers and reduce-scatters), so a rank with one pass fewer would leave the others
+    waiting.
+    """
+    if micro_batch is None:
+        return (idx,)
+    check_micro_batch(micro_batch)
+    largest = -(-minibatch // world)  # ceil: the largest shard's size (DataParallel.shard)
+    return torch.tensor_split(idx, max(1, -(-largest // micro_batch)))
+
+
+def check_micro_batch(micro_batch: int | None) -> None:
+    """Raise ValueError, naming the key and the fix, unless ``micro_batch`` is None or >= 1."""
+    if micro_batch is not None and (
+        isinstance(micro_batch, bool) or not isinstance(micro_batch, int) or micro_batch < 1
+    ):
+        raise ValueError(
+            f"algo.cfg.micro_batch={micro_batch!r}: the decisions per forward pass of the "
+            "learner must be an integer >= 1; or null to size it from the learner's GPU memory "
+            "(ebrl.memory), the whole minibatch in one pass on the CPU"
+        )
+
+
+@dataclass(slots=True)
+class _Shares:
+    """A minibatch's losses and statistics, summed over this rank's micro-batches (each pass
+    adds its share of the whole minibatch's value)."""
+
+    policy_loss: float = 0.0
+    value_loss: float = 0.0
+    entropy: float = 0.0
+    extra: float = 0.0
+    kl: float = 0.0
+    clipfrac: float = 0.0
+
+
+def _micro_pass(
+    policy: Policy,
+    batch: FlatBatch,
+    sidx: Tensor,
+    cfg: ClipConfig,
+    got: _Shares,
+    norm: tuple[float, int, Callable[[Tensor], Tensor]] | None,
+    adv_stats: tuple[Tensor, Tensor] | None,
+    vf_coef: float,
+    extra_loss: ExtraLoss | None,
+) -> None:
+    """Forward and backward of the decisions ``sidx`` (a micro-batch of this rank's part of a
+    minibatch), the gradients added to the parameters' and the losses to ``got``.
+
+    ``norm``: (loss denominator, statistics denominator, mean) of the whole minibatch, for a
+    pass that is a share of it; None for a pass over the whole minibatch (its own).
+    ``adv_stats``: the whole minibatch's advantage mean and std (None: no normalisation).
+    """
+    loss_denom = stat_denom = None
+    mean: Callable[[Tensor], Tensor] = torch.mean
+    if norm is not None:
+        loss_denom, stat_denom, mean = norm
+    adv = batch.advantages[sidx]  # [b]
+    if adv_stats is not None:
+        adv = (adv - adv_stats[0]) / (adv_stats[1] + 1e-8)
+    obs, actions = batch.obs[sidx], batch.actions[sidx]
+    d = policy.dist(obs, actions, batch.extras_of(sidx))  # loc/scale [b, K, A]
+    logprob = d.log_prob(actions).sum(dim=2)  # [b, K]
+    prox = batch.prox_logprob[sidx]  # [b, K]
+    entropy = d.entropy().sum(dim=(1, 2))  # [b]
+    mask = None
+    if cfg.ratio_level == "chunk":
+        logprob, prox = logprob.sum(dim=1), prox.sum(dim=1)  # [b]
+    elif batch.n_steps is not None:
+        k = logprob.shape[1]
+        mask = torch.arange(k, device=adv.device)[None, :] < batch.n_steps[sidx][:, None]
+    pl = decoupled_ppo_loss(
+        logprob,
+        prox,
+        batch.behav_logprob[sidx],
+        adv,
+        clip_coef=cfg.clip_coef,
+        behave_weight_threshold=cfg.behave_weight_threshold,
+        dual_clip=cfg.dual_clip,
+        mask=mask,
+        loss_denom=loss_denom,
+        stat_denom=stat_denom,
+    )
+    ent = mean(entropy)
+    loss = pl.loss - cfg.ent_coef * ent
+    v_loss = torch.zeros(())
+    if vf_coef != 0.0:
+        v = policy.value(obs, batch.extras_of(sidx))  # [b]
+        v_loss = 0.5 * mean((v - batch.returns[sidx]) ** 2)
+        loss = loss + vf_coef * v_loss
+    if extra_loss is not None:
+        extra, extra_log = extra_loss(d, sidx, mean)
+        loss = loss + extra
+        got.extra += extra_log
+    loss.backward()
+    got.policy_loss += pl.loss.item()
+    got.value_loss += v_loss.item()
+    got.entropy += ent.item()
+    got.kl += pl.approx_kl
+    got.clipfrac += pl.clipfrac
 
 
 def _share_of_mean(x: Tensor, n: int) -> Tensor:

@@ -20,6 +20,7 @@ from ebrl.algos.loss import (
     behaviour_stats,
     explained_variance,
     optimizer_to,
+    row_slices,
     sgd_update,
 )
 from ebrl.algos.returns import chunk_returns, gae
@@ -62,6 +63,8 @@ class PPO:
         cfg = self.cfg
         self.optimizer = torch.optim.Adam(policy.parameters(), lr=cfg.lr, eps=cfg.adam_eps)
         self.dp = dp
+        #: decisions per forward pass (``cfg.micro_batch``; TrainStage sizes it on a GPU)
+        self.micro_batch = cfg.micro_batch
 
     def to(self, device: torch.device | str) -> PPO:
         """Move the policy and the optimiser state to ``device``."""
@@ -81,13 +84,21 @@ class PPO:
         flat_obs = seg.obs.flatten(0, 1)  # [T*N, O]
         flat_actions = seg.actions.flatten(0, 1)  # [T*N, K, A]
         extras = seg.flat_extras()  # name -> [T*N, ...]
+        flat_final = seg.final_obs.flatten(0, 1)  # [T*N, O]
+        values, next_values, proxes = [], [], []
         with torch.no_grad():
             # The current critic, not the behaviour values: with stale data the acting critic's
-            # values are old, and the proximal weights are what the update starts from.
-            value = policy.value(flat_obs, extras).view(t_len, n)  # [T, N]
-            next_value = policy.value(seg.final_obs.flatten(0, 1)).view(t_len, n)  # [T, N]
-            d = policy.dist(flat_obs, flat_actions, extras)
-            prox = d.log_prob(flat_actions).sum(dim=2)  # [T*N, K]
+            # values are old, and the proximal weights are what the update starts from. In
+            # micro-batches, as the update's passes: a segment is several minibatches
+            for s in row_slices(t_len * n, self.micro_batch):
+                ex = {k: v[s] for k, v in extras.items()}
+                values.append(policy.value(flat_obs[s], ex))  # [s]
+                next_values.append(policy.value(flat_final[s]))  # [s]
+                d = policy.dist(flat_obs[s], flat_actions[s], ex)
+                proxes.append(d.log_prob(flat_actions[s]).sum(dim=2))  # [s, K]
+        value = torch.cat(values).view(t_len, n)  # [T, N]
+        next_value = torch.cat(next_values).view(t_len, n)  # [T, N]
+        prox = torch.cat(proxes)  # [T*N, K]
 
         ret, discount = chunk_returns(seg.reward, seg.n_steps, cfg.gamma)  # [T, N] each
         done = seg.terminated | seg.truncated  # [T, N]
@@ -116,6 +127,7 @@ class PPO:
             target_kl=cfg.effective_target_kl(policy.spec.chunk_size),
             vf_coef=cfg.vf_coef,
             dp=self.dp,
+            micro_batch=self.micro_batch,
         )
         policy.version += 1
         return {

@@ -136,6 +136,15 @@ class DataParallel:
         t = torch.tensor([float(v) for v in values], dtype=torch.float64, device=self.device)
         return self.all_reduce_sum(t).tolist()
 
+    def min_int(self, value: int) -> int:
+        """The smallest of an integer over the ranks (one collective): what every rank then
+        uses where they must agree (the learner's micro-batch: FSDP's passes are collectives)."""
+        if self.world == 1:
+            return int(value)
+        t = torch.tensor([int(value)], dtype=torch.int64, device=self.device)
+        tdist.all_reduce(t, op=tdist.ReduceOp.MIN, group=self.group)
+        return int(t.item())
+
     def check_same(self, tensor: Tensor, what: str) -> None:
         """Raise on every rank (the same RuntimeError, so none is left waiting in a collective)
         unless ``tensor`` (integers) is the same on all ranks; compares a position-weighted

@@ -14,6 +14,16 @@ aligned offset (:class:`BoardSpec` records key, dtype, shape and offset)::
     [8:16) version  int64, the version of the weights below (-1: nothing published yet)
     [16:24) nbytes  int64, the segment's size as the spec says (a reader checks it)
     [24:32) magic   int64, marks the segment as a weight board
+    [32:40) base    int64, the ``seq`` a publish of the whole state ended at (-1: none yet)
+
+Only what trains is rewritten. A board made with ``changing`` (the keys an update can change: a
+policy's parameters with ``requires_grad`` and its buffers; a VLA whose action expert alone
+trains) has its whole state written by the first publish and by none after it unless asked
+(``full=True``): later publishes copy the changing tensors only, the frozen ones staying on the
+board as they are. A reader that copied the whole state into the same tensors before, at the
+same ``base``, copies the changing tensors only too; any other read (a new reader, other
+tensors, a whole publish since) copies everything. Both sides keep the seqlock, so a reader
+still gets one version, whole.
 
 Consistency is a seqlock, with one writer (the learner leader) and any number of readers that
 never write: the writer makes ``seq`` odd, copies, writes ``version`` and makes ``seq`` even; a
@@ -47,7 +57,7 @@ import threading
 import time
 import uuid
 import warnings
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from multiprocessing import shared_memory
 from types import TracebackType
@@ -63,7 +73,7 @@ from ebrl.runtime.watchdog import SHM_DIR, shm_prefix, sweep_dead_drivers
 HEADER = 64
 ALIGN = 64
 _MAGIC = 0x31304257_4C524245  # b"EBRLWB01" little-endian
-_SEQ, _VERSION, _NBYTES, _MAGIC_AT = range(4)
+_SEQ, _VERSION, _NBYTES, _MAGIC_AT, _BASE = range(5)
 
 #: (key, dtype name, shape, byte offset)
 Entry = tuple[str, str, tuple[int, ...], int]
@@ -85,11 +95,21 @@ class BoardSpec:
         name: the shared-memory segment's name (``ebrl_<driver pid>_wb<id>``).
         layout: per tensor, ``(key, dtype name, shape, byte offset)`` in state-dict order.
         nbytes: the segment's size, header included.
+        changing: the keys a publish after the first rewrites (an update's trainable
+            parameters and the buffers); None: every key.
     """
 
     name: str
     layout: tuple[Entry, ...]
     nbytes: int
+    changing: tuple[str, ...] | None = None
+
+    def entries(self, whole: bool) -> tuple[Entry, ...]:
+        """The layout's entries a copy touches: all of them (``whole``), else the changing."""
+        if whole or self.changing is None:
+            return self.layout
+        keep = set(self.changing)
+        return tuple(e for e in self.layout if e[0] in keep)
 
 
 def _dtype(name: str) -> torch.dtype:
@@ -181,12 +201,21 @@ class WeightBoard:
     def __init__(self, shm: shared_memory.SharedMemory, spec: BoardSpec) -> None:
         self.spec = spec
         self._shm: shared_memory.SharedMemory | None = shm
-        self._header = np.frombuffer(shm.buf, dtype=np.int64, count=4)
+        self._header = np.frombuffer(shm.buf, dtype=np.int64, count=5)
         self._views = _views(shm.buf, spec.layout)
         self._seq = 0
+        #: the whole state is on the board (a publish of all of it completed)
+        self._whole = False
+        #: bytes the last publish copied
+        self.last_bytes = 0
 
     @classmethod
-    def create(cls, state: Mapping[str, torch.Tensor], owner_pid: int) -> WeightBoard:
+    def create(
+        cls,
+        state: Mapping[str, torch.Tensor],
+        owner_pid: int,
+        changing: Collection[str] | None = None,
+    ) -> WeightBoard:
         """A new board sized for ``state`` (its keys, dtypes and shapes), nothing published.
 
         Args:
@@ -195,7 +224,16 @@ class WeightBoard:
                 any later :meth:`create` or :meth:`ebrl.runtime.slots.ShmSlots.create`) removes
                 the segment once that process is gone. It must be a live process on this
                 machine: a pid that does not exist here makes the board an orphan at once.
+            changing: the keys of ``state`` an update can change (its trainable parameters and
+                buffers): after the first publish only they are copied. None: every key.
         """
+        if changing is not None:
+            unknown = sorted(set(changing) - set(state))
+            if unknown:
+                raise ValueError(
+                    f"weight board: changing keys {unknown[:5]} are not in the state dict"
+                )
+            changing = tuple(k for k in state if k in set(changing))  # in layout order
         if not psutil.pid_exists(owner_pid):
             raise ValueError(
                 f"weight board: owner pid {owner_pid} is not a process on this machine; the "
@@ -216,43 +254,67 @@ class WeightBoard:
                 f"weight board: cannot reserve {nbytes} bytes in {SHM_DIR} ({e.strerror}); "
                 "a container's /dev/shm may be too small (docker run --shm-size)",
             ) from e
-        header = np.frombuffer(shm.buf, dtype=np.int64, count=4)
-        header[:] = (0, -1, nbytes, _MAGIC)
+        header = np.frombuffer(shm.buf, dtype=np.int64, count=5)
+        header[:] = (0, -1, nbytes, _MAGIC, -1)
         del header
-        return cls(shm, BoardSpec(name=name, layout=layout, nbytes=nbytes))
+        spec = BoardSpec(name=name, layout=layout, nbytes=nbytes, changing=changing)
+        return cls(shm, spec)
 
     @property
     def version(self) -> int:
         """The last version published (-1: none yet)."""
         return int(self._header[_VERSION]) if self._shm is not None else -1
 
-    def publish(self, version: int, state: Mapping[str, torch.Tensor]) -> float:
+    def publish(
+        self, version: int, state: Mapping[str, torch.Tensor], *, full: bool = False
+    ) -> float:
         """Copy ``state`` onto the board as ``version``; returns the seconds it took.
 
-        Tensors may sit on any device (a GPU's are copied to the host). A state whose keys,
-        shapes or dtypes differ from the board's layout raises :class:`ValueError` before
-        anything is written. Readers that look meanwhile wait for the copy to finish (they
-        never see part of it). If a copy fails midway, the board stays "being written" (readers
-        wait, then time out) until the next publish completes.
+        The first publish (and one with ``full``, or after a publish that failed) copies the
+        whole state; the others copy the spec's ``changing`` tensors only (``state`` may then
+        hold just those). Tensors may sit on any device (a GPU's are copied to the host). A
+        state whose keys, shapes or dtypes differ from the board's layout (or, after the first
+        publish, whose changing tensors do) raises :class:`ValueError` before anything is
+        written. Readers that look meanwhile wait for the copy to finish (they never see part
+        of it). If a copy fails midway, the board stays "being written" (readers wait, then
+        time out) until the next publish completes.
         """
         t0 = time.perf_counter()
         if self._shm is None:
             raise RuntimeError("weight board: publish after close")
         if version < 0:
             raise ValueError(f"weight board: versions are >= 0, got {version}")
-        check_layout(self.spec.layout, state, "the published state")
+        whole = full or not self._whole
+        entries = self.spec.entries(whole)
+        if whole:
+            check_layout(entries, state, "the published state")
+        else:
+            missing = [e[0] for e in entries if e[0] not in state]
+            if missing:
+                raise ValueError(
+                    f"weight board: the published state lacks changing keys {missing[:5]}"
+                )
+            check_layout(entries, {e[0]: state[e[0]] for e in entries}, "the published state")
         seq = self._seq if self._seq % 2 else self._seq + 1  # odd: a failed publish left it so
         self._seq = seq
+        self._whole = False  # until this copy completes, if it is a whole one
         self._header[_SEQ] = seq
         _fence()
+        nbytes = 0
         with torch.no_grad():
-            for key, view in self._views.items():
+            for key, *_ in entries:
+                view = self._views[key]
                 if view.numel():
                     view.copy_(state[key].detach())
+                    nbytes += view.numel() * view.element_size()
         self._header[_VERSION] = version
+        if whole:
+            self._header[_BASE] = seq + 1
         _fence()
         self._seq = seq + 1
         self._header[_SEQ] = seq + 1
+        self._whole = True
+        self.last_bytes = nbytes
         return time.perf_counter() - t0
 
     def close(self) -> None:
@@ -262,7 +324,7 @@ class WeightBoard:
         if shm is None:
             return
         self._views.clear()
-        self._header = np.zeros(4, dtype=np.int64)
+        self._header = np.zeros(5, dtype=np.int64)
         try:  # unlink first: a view still held elsewhere must not keep the name alive
             shm.unlink()
         except FileNotFoundError:  # swept already; the tracker must forget it all the same
@@ -289,11 +351,16 @@ class BoardReader:
 
     Attributes:
         retries: reads started over because the writer was copying (a statistic).
+        last_bytes: bytes the last completed read copied.
     """
 
     def __init__(self, spec: BoardSpec) -> None:
         self.spec = spec
         self.retries = 0
+        self.last_bytes = 0
+        #: (the tensors the last read filled whole or in part, the base they hold): a read
+        #: into them again at that base copies the changing tensors only
+        self._holds: tuple[dict[str, torch.Tensor], int] | None = None
         path = SHM_DIR / spec.name
         try:
             fd = os.open(path, os.O_RDONLY)
@@ -311,7 +378,7 @@ class BoardReader:
             self._mm: mmap.mmap | None = mmap.mmap(fd, spec.nbytes, access=mmap.ACCESS_READ)
         finally:
             os.close(fd)
-        self._header = np.frombuffer(self._mm, dtype=np.int64, count=4)
+        self._header = np.frombuffer(self._mm, dtype=np.int64, count=5)
         if int(self._header[_MAGIC_AT]) != _MAGIC or int(self._header[_NBYTES]) != spec.nbytes:
             self.close()
             raise ValueError(f"weight board {spec.name!r}: not a board made for this spec")
@@ -373,15 +440,25 @@ class BoardReader:
                 if int(self._header[_SEQ]) == seq:
                     return -1, into if into is not None else {}
                 continue
+            base = int(self._header[_BASE])
             if out is None:
                 out = {k: torch.empty_like(v) for k, v in self._views.items()}
+            # the frozen tensors are in ``out`` already when it is what the last read filled,
+            # from the same whole publish
+            holds, self._holds = self._holds, None  # a torn copy holds nothing
+            whole = holds is None or holds[0] is not out or holds[1] != base
+            nbytes = 0
             _fence()
             with torch.no_grad():
-                for key, view in self._views.items():
+                for key, *_ in self.spec.entries(whole):
+                    view = self._views[key]
                     if view.numel():
                         out[key].copy_(view)
+                        nbytes += view.numel() * view.element_size()
             _fence()
             if int(self._header[_SEQ]) == seq:
+                self._holds = (out, base)
+                self.last_bytes = nbytes
                 return version, out
             self.retries += 1
             if deadline is not None and time.monotonic() > deadline:
@@ -396,7 +473,8 @@ class BoardReader:
         if mm is None:
             return
         self._views = {}
-        self._header = np.full(4, -1, dtype=np.int64)
+        self._holds = None
+        self._header = np.full(5, -1, dtype=np.int64)
         with contextlib.suppress(BufferError):  # a view escaped: the mapping goes with it
             mm.close()
 

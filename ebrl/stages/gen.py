@@ -70,9 +70,23 @@ class GenStage:
         return self.policy.act(on, noise=self._noise(batch.env_ids).to(self.device)).to("cpu")
 
     def load(self, version: int, weights: dict[str, torch.Tensor]) -> None:
-        """Install the learner's weights (a no-op if this version is already loaded)."""
-        if version != self.policy.version:
+        """Install the learner's weights (a no-op if this version is already loaded): a whole
+        state dict, or only the tensors an update changes (the learner sends those after a
+        whole one; the frozen rest stays as that left it)."""
+        if version == self.policy.version:
+            return
+        if self._live is None:  # the state dict's tensors share the parameters' storage
+            self._live = self.policy.state_dict()
+        if weights.keys() == self._live.keys():
             self.policy.set_weights(version, weights)
+            return
+        unknown = sorted(weights.keys() - self._live.keys())
+        if unknown:
+            raise ValueError(f"GenStage.load: keys {unknown[:5]} are not the policy's")
+        with torch.no_grad():
+            for key, tensor in weights.items():
+                self._live[key].copy_(tensor)
+        self.policy.version = version
 
     def load_from(self, board: BoardReader) -> int:
         """Install the newest weights on a board, copied straight into the policy's own

@@ -10,6 +10,7 @@ state (:meth:`ebrl.stages.factory.StageFactory.train`), and an FSDP rank shards 
 
 from __future__ import annotations
 
+import logging
 import os
 from collections import OrderedDict
 from pathlib import Path
@@ -18,7 +19,8 @@ from typing import Protocol
 import torch
 from torch import nn
 
-from ebrl.algos.loss import optimizer_to
+from ebrl.algos.loss import optimizer_to, row_slices
+from ebrl.memory import micro_batch_for
 from ebrl.policies.base import Policy
 from ebrl.runtime.dist import (
     SOLO,
@@ -29,6 +31,8 @@ from ebrl.runtime.dist import (
     shard_optimizer,
 )
 from ebrl.types import Segment
+
+log = logging.getLogger(__name__)
 
 #: the Policy methods a learner calls as forward passes (``evaluate`` calls both): under FSDP the
 #: root unit's parameters are gathered around each
@@ -107,6 +111,14 @@ class TrainStage:
         #: env steps of every segment this learner has trained on, across resumed attempts (the
         #: checkpoint carries it): what a resumed run's driver counts from
         self.trained_env_steps = 0
+        #: size the algorithm's micro-batch from the GPU's free memory at the first update
+        #: (``algo.cfg.micro_batch`` unset on a GPU; on the CPU the whole minibatch is one pass)
+        self._size_micro_batch = (
+            self.device is not None
+            and self.device.type == "cuda"
+            and hasattr(algo, "micro_batch")
+            and algo.micro_batch is None  # type: ignore[attr-defined]
+        )
 
     def join(self, dp: DataParallel) -> None:
         """Train as ``dp``'s rank from now on (set on the algorithm as ``algo.dp``).
@@ -140,6 +152,29 @@ class TrainStage:
         self.dp = dp
         self.algo.dp = dp  # type: ignore[attr-defined]
 
+    def fit_micro_batch(self, seg: Segment, free: int, total: int) -> int:
+        """The micro-batch that ``free`` of ``total`` device bytes hold for this learner: its
+        policy's activations measured on two of ``seg``'s decisions
+        (:func:`ebrl.memory.micro_batch_for`), at most a rank's share of a minibatch; the
+        smallest over the ranks of a data-parallel learner (they must make the same passes)."""
+        seg = seg.to(self.device) if self.device is not None else seg
+        t_len, n = seg.shape
+        minibatch = -(-t_len * n // max(1, int(self.algo.cfg.num_minibatches)))  # type: ignore[attr-defined]
+        optimizer = getattr(self.algo, "optimizer", None)
+        micro = micro_batch_for(
+            self.algo.policy,
+            seg.obs.flatten(0, 1)[:2],
+            seg.actions.flatten(0, 1)[:2],
+            {k: v[:2] for k, v in seg.flat_extras().items()},
+            free=free,
+            total=total,
+            decisions=-(-minibatch // self.dp.world),
+            optimizer_ready=bool(optimizer is not None and optimizer.state),
+        )
+        micro = self.dp.min_int(micro)
+        log.info("learner micro-batch: %d decisions per pass (from the device's memory)", micro)
+        return micro
+
     @property
     def version(self) -> int:
         return self.algo.policy.version
@@ -155,10 +190,15 @@ class TrainStage:
             and self.extra_after is not None
             and self.version >= self.extra_after
         )
+        if self._size_micro_batch:
+            self._size_micro_batch = False
+            free, total = torch.cuda.mem_get_info(self.device)
+            self.algo.micro_batch = self.fit_micro_batch(seg, free, total)  # type: ignore[attr-defined]
         metrics = self.algo.update(seg)
         self.trained_env_steps += seg.num_steps
         if loaded:
-            extra_passes(self.algo.policy, seg, self.extra_epochs, self.device)
+            micro = getattr(self.algo, "micro_batch", None)
+            extra_passes(self.algo.policy, seg, self.extra_epochs, self.device, micro)
         metrics["train/injected_load"] = float(loaded)
         save = self.checkpoint is not None and self.version % self.every == 0
         optimizer_state = None
@@ -191,14 +231,31 @@ class TrainStage:
                 save_snapshot(self.snapshots, self.algo.policy, self._full)
         return metrics
 
-    def weights(self) -> tuple[int, dict[str, torch.Tensor]]:
-        """(version, a detached CPU copy of the policy's full state dict), ready to publish.
+    def weights(self, changing_only: bool = False) -> tuple[int, dict[str, torch.Tensor]]:
+        """(version, a detached CPU copy of the policy's full state dict), ready to publish;
+        ``changing_only``: of the tensors an update changes only (:meth:`changing`).
 
         Under FSDP only the leader holds it (gathered after each update); another rank raises.
         """
+        keys = self.changing() if changing_only else None
         if not self.dp.sharded:
-            return self.algo.policy.get_weights()
-        return self.version, dict(self.state())
+            state = self.algo.policy.state_dict()
+            keys = keys if keys is not None else tuple(state)
+            return self.version, {k: state[k].detach().cpu().clone() for k in keys}
+        full = self.state()  # the leader's gathered CPU copy, already its own
+        return self.version, {k: full[k] for k in (keys if keys is not None else full)}
+
+    def changing(self) -> tuple[str, ...] | None:
+        """The state-dict keys an update can change: the parameters that train
+        (``requires_grad``) and every buffer; None when that is every key. A VLA whose
+        backbone is frozen trains its action expert only: the rest need publishing once."""
+        policy = self.algo.policy
+        frozen = {
+            n for n, p in policy.named_parameters(remove_duplicate=False) if not p.requires_grad
+        }
+        if not frozen:
+            return None
+        return tuple(k for k in policy.state_dict(keep_vars=True) if k not in frozen)
 
     def state(self) -> dict[str, torch.Tensor]:
         """The policy's full state dict, for the weight board: its live tensors (no copy), or
@@ -214,20 +271,25 @@ class TrainStage:
 
 
 def extra_passes(
-    policy: Policy, seg: Segment, passes: int, device: torch.device | None = None
+    policy: Policy,
+    seg: Segment,
+    passes: int,
+    device: torch.device | None = None,
+    micro_batch: int | None = None,
 ) -> None:
     """Injected learner load: ``passes`` forward-backward passes of the policy over the segment's
-    decisions (moved to ``device`` first, when given), gradients thrown away. The weights, the
-    optimiser and every random state are left as they were, so the run learns exactly as without
-    it, only more slowly."""
+    decisions (moved to ``device`` first, when given; in micro-batches of ``micro_batch``, as
+    the update's), gradients thrown away. The weights, the optimiser and every random state are
+    left as they were, so the run learns exactly as without it, only more slowly."""
     if device is not None:
         seg = seg.to(device)
     obs = seg.obs.flatten(0, 1)  # [T*N, O]
     actions = seg.actions.flatten(0, 1)  # [T*N, K, A]
     extras = seg.flat_extras()  # name -> [T*N, ...]
     for _ in range(passes):
-        ev = policy.evaluate(obs, actions, extras)
-        (ev.logprob.sum() + ev.entropy.sum() + ev.value.sum()).backward()
+        for s in row_slices(len(obs), micro_batch):
+            ev = policy.evaluate(obs[s], actions[s], {k: v[s] for k, v in extras.items()})
+            (ev.logprob.sum() + ev.entropy.sum() + ev.value.sum()).backward()
         policy.zero_grad(set_to_none=True)
 
 

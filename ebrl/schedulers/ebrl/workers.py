@@ -744,6 +744,8 @@ class LearnerWorker(_Worker):
         self.use_board = board and rank == 0
         self.owner_pid = owner_pid or os.getpid()
         self.board: WeightBoard | None = None
+        #: replicas sent the whole state inline (the others get it whole next time)
+        self._sent_whole: set[int] = set()
         self.dp = None
         self.device = device
 
@@ -758,7 +760,8 @@ class LearnerWorker(_Worker):
         if self.use_board:
             # named for the driver's pid (its orphan watchdog sweeps it) when on its machine
             owner = os.getpid() if self.inline else self.owner_pid
-            self.board = WeightBoard.create(self._state(), owner)
+            # after the first publish, only what an update changes is copied onto it
+            self.board = WeightBoard.create(self._state(), owner, self.stage.changing())
         return address, dist, self.board.spec if self.board is not None else None
 
     def _state(self) -> dict[str, torch.Tensor]:
@@ -819,27 +822,33 @@ class LearnerWorker(_Worker):
         with self.timeline.span("sync", self.name):
             if self.board is not None:
                 self.publish_s += self.board.publish(self.stage.version, self._state())
-            inline: list = []  # the state dict, built once if a replica needs it inline
+            inline: dict = {}  # the state dicts, built once if a replica needs them inline
             for r in range(len(self.gens)):
                 self._send_weights(r, inline)
 
-    def _send_weights(self, r: int, inline: list) -> None:
+    def _send_weights(self, r: int, inline: dict) -> None:
         """The current version to replica ``r``; a replica whose process is gone is skipped
-        until the driver replaces it (:class:`Reconnect`)."""
+        until the driver replaces it (:class:`Reconnect`). Inline, a replica gets the whole
+        state once, then the tensors an update changes (``inline``: those built so far)."""
         out, via_board = self.gens[r]
         if out is None:
             return
         version = self.stage.version
-        if via_board and self.board is not None:
+        board = via_board and self.board is not None
+        if board:
             msg = Weights(version, None)
         else:
-            if not inline:
-                inline.append(self.stage.weights()[1])
-            msg = Weights(version, inline[0])
+            whole = r not in self._sent_whole
+            if whole not in inline:
+                inline[whole] = self.stage.weights(changing_only=not whole)[1]
+            msg = Weights(version, inline[whole])
         try:
             out.send(msg)
         except OSError:
             self.gens[r] = (None, via_board)
+            return
+        if not board:
+            self._sent_whole.add(r)
 
     def _lead(self) -> None:
         plan, tl = self.plan, self.timeline
@@ -864,7 +873,8 @@ class LearnerWorker(_Worker):
                         if (old := self.gens[m.replica][0]) is not None:
                             old.close()
                     self.gens[m.replica] = (Outbox(m.address, self.authkey), m.via_board)
-                    self._send_weights(m.replica, [])
+                    self._sent_whole.discard(m.replica)  # a new process: the whole state
+                    self._send_weights(m.replica, {})
                 elif isinstance(m, Resources):
                     self.apply_resources(m)
             while len(parts.get(index, {})) == n_workers and not plan.budget.spent(
