@@ -72,9 +72,9 @@ def test_rlinf_models_are_built_on_the_cpu_even_where_cuda_is_visible(cuda_visib
     assert {p.device.type for p in policy.parameters()} == {"cpu"}
 
 
-def test_a_role_moves_the_model_to_its_own_device(cuda_visible):
-    """The generator and the learner put the CPU-built model on the device they were given:
-    here the CPU, the only device a role with no GPU share gets."""
+def test_a_cpu_roles_generator_and_learner_never_reach_a_gpu(cuda_visible):
+    """The generator and the learner of a role given the CPU (no GPU share) build without
+    RLinf's move and keep the model on the CPU, though CUDA is visible."""
     f = factory()
     gen, train = f.gen(device="cpu"), f.train(device="cpu")
     assert [moved for _, moved in BUILT] == [None, None]
