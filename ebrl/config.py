@@ -42,6 +42,93 @@ class ConfigError(ValueError):
     """A configuration that cannot run; the message names the key and the fix."""
 
 
+# --- what a policy reads and what a simulator gives (checked by check_contract) ----------------
+@dataclass
+class PolicyReads:
+    """What a policy reads from its simulator, as its checkpoint or its input transforms need it
+    (``policy.reads``; RLinf's env-obs keys, :mod:`ebrl.envs.layout`). A field left empty or null
+    is not required. :func:`check_contract` holds it against the simulator's
+    :class:`SimGives` before any work starts (RLinf's models index these keys at the first
+    rollout, and a checkpoint's norm stats fix the state's size)."""
+
+    #: camera images it reads (``main_images``, ``wrist_images``, ...)
+    images: list[str] = field(default_factory=list)
+    #: the robot state's size its checkpoint was trained on (null: any)
+    state_dim: int | None = None
+    #: actions it outputs per step (null: the simulator's, whatever it is)
+    action_dim: int | None = None
+    #: whether it reads each env's instruction (``task_descriptions``)
+    instructions: bool = False
+
+
+@dataclass(frozen=True)
+class SimGives:
+    """What a simulator node gives a policy, per its settings (each simulator node's ``gives``).
+
+    Attributes:
+        name: the simulator, as messages name it (``simulator=<name>``).
+        images: the camera images it gives, by RLinf's keys.
+        state_dim: the state's size; None where it depends on the task (known once built).
+        state: what the state is, for messages.
+        action_dim: the actions it takes per step; None where its build decides.
+        instructions: whether it gives each env's instruction.
+        fix_images, fix_state: what to set to give the images a policy reads, or the state
+            layout a checkpoint reads ("" where no setting of this simulator does).
+    """
+
+    name: str = "?"
+    images: tuple[str, ...] = ()
+    state_dim: int | None = None
+    state: str = "its flat state"
+    action_dim: int | None = None
+    instructions: bool = False
+    fix_images: str = ""
+    fix_state: str = ""
+
+
+#: what to use where a simulator cannot give a VLA what it reads
+_VLA_SIMULATOR = "simulator=libero simulator.obs_mode=state_rgb simulator.obs_layout=rlinf"
+
+
+def check_contract(policy: Any, sim: Any) -> None:
+    """Raise ConfigError where the simulator does not give what the policy reads: a camera
+    image, the state's size, the action size, the instructions; the message names the key to
+    set. A policy node without ``reads`` (ebrl's own policies read the flat vector) and a
+    simulator node without ``gives`` pass."""
+    reads: PolicyReads | None = getattr(policy, "reads", None)
+    gives = getattr(sim, "gives", None)
+    if reads is None or gives is None:
+        return
+    have: SimGives = gives()
+    p = f"policy={_option(policy, type(policy).__name__)}"
+    s = f"simulator={have.name}"
+    missing = [k for k in reads.images if k not in have.images]
+    _check(
+        not missing,
+        f"{p} reads the camera images {missing}, but {s} gives "
+        f"{list(have.images) or 'no camera images'} with these settings: "
+        + (have.fix_images or f"it cannot give them; use {_VLA_SIMULATOR}"),
+    )
+    _check(
+        reads.state_dim is None or have.state_dim == reads.state_dim,
+        f"{p} reads a state of {reads.state_dim} values (its checkpoint's norm stats), but {s} "
+        f"gives {have.state}: "
+        + (have.fix_state or f"it has no such state layout; use {_VLA_SIMULATOR}"),
+    )
+    _check(
+        reads.action_dim is None or have.action_dim is None or have.action_dim == reads.action_dim,
+        f"{p} outputs {reads.action_dim} actions per step, but {s} takes {have.action_dim}: "
+        f"use a simulator with {reads.action_dim}-dim actions ({_VLA_SIMULATOR}), or a "
+        f"checkpoint of this policy trained on {s}'s actions (policy.reads.action_dim, "
+        "policy.model_cfg)",
+    )
+    _check(
+        not reads.instructions or have.instructions,
+        f"{p} reads each env's instruction (task_descriptions), but {s} gives none: "
+        + (have.fix_images or f"use {_VLA_SIMULATOR}"),
+    )
+
+
 # --- simulators -------------------------------------------------------------------------------
 @dataclass
 class ManiSkillSim:
@@ -58,6 +145,22 @@ class ManiSkillSim:
     #: the task's instruction with a camera ("": ebrl's for the known tasks)
     instruction: str = ""
 
+    def gives(self) -> SimGives:
+        """With a camera, the robot's state (its size by robot) and ``main_images``, with the
+        instruction; else ManiSkill's full state."""
+        if self.camera_size:
+            return SimGives(
+                name=self.task,
+                images=("main_images",),
+                state="the robot's state (its size by robot)",
+                instructions=True,
+            )
+        return SimGives(
+            name=self.task,
+            state="ManiSkill's full state (its size by task)",
+            fix_images="set simulator.camera_size (e.g. 64) for its camera",
+        )
+
 
 class LiberoSuite(StrEnum):
     libero_spatial = "libero_spatial"
@@ -70,6 +173,11 @@ class LiberoSuite(StrEnum):
 class LiberoObsMode(StrEnum):
     state = "state"
     state_rgb = "state_rgb"
+
+
+class LiberoObsLayout(StrEnum):
+    ebrl = "ebrl"
+    rlinf = "rlinf"
 
 
 class LiberoInitStates(StrEnum):
@@ -98,6 +206,11 @@ class LiberoSim:
     obs_mode: LiberoObsMode = LiberoObsMode.state
     #: height and width of each camera image (state_rgb), pixels
     camera_size: int = 128
+    #: ebrl: the state is the proprioception and every object's pose, the cameras upright;
+    #: rlinf: RLinf's LIBERO observation, what its LIBERO checkpoints were trained on: the
+    #: 8-value state (end effector position, axis-angle, gripper) and the cameras rotated 180
+    #: degrees (ebrl.envs.libero)
+    obs_layout: LiberoObsLayout = LiberoObsLayout.ebrl
     #: time limit; the yaml sets the suite's (ebrl.libero_max_steps)
     max_episode_steps: int = 220
     #: suite: the suite's fixed initial states, picked by the reset seed; sampled: LIBERO's
@@ -105,6 +218,22 @@ class LiberoSim:
     init_states: LiberoInitStates = LiberoInitStates.suite
     #: offscreen renderer of the cameras: egl (Mesa llvmpipe on CPU) or osmesa
     render_backend: RenderBackend = RenderBackend.egl
+
+    def gives(self) -> SimGives:
+        """Per ``obs_mode`` and ``obs_layout`` (the adapter's own declaration, ebrl.envs.libero)."""
+        from ebrl.envs import libero
+
+        rlinf = self.obs_layout == LiberoObsLayout.rlinf
+        return SimGives(
+            name="libero",
+            images=libero.CAMERA_FIELDS if self.obs_mode == LiberoObsMode.state_rgb else (),
+            state_dim=libero.RLINF_STATE_DIM if rlinf else None,
+            state=libero.STATE_TEXT[self.obs_layout.value],
+            action_dim=libero.ACTION_DIM,
+            instructions=True,
+            fix_images="set simulator.obs_mode=state_rgb (its agentview and wrist cameras)",
+            fix_state=f"set simulator.obs_layout=rlinf ({libero.STATE_TEXT['rlinf']})",
+        )
 
 
 def check_libero(sim: LiberoSim) -> None:
@@ -167,6 +296,8 @@ class RLinfSim:
     obs_key: str = "states"
     #: the action size, where RLinf's class exposes no action space
     action_dim: int | None = None
+    #: the flat state's size, where RLinf's config fixes it (null: known once built)
+    state_dim: int | None = None
     action_low: float = -1.0
     action_high: float = 1.0
     #: another get_env_cls (a dotted path; the tests' CPU fake); None: RLinf's
@@ -194,6 +325,21 @@ class RLinfSim:
     #: needs a GPU (renderer or GPU physics), and one with RT cores (Isaac Sim)
     requires_gpu: bool = False
     requires_rt_cores: bool = False
+
+    def gives(self) -> SimGives:
+        """The flat state (``obs_key``) only: ebrl's adapter of RLinf's envs
+        (ebrl.envs.rlinf_env) drops the cameras and the instructions RLinf's class returns."""
+        size = f"{self.state_dim} values" if self.state_dim else "its size by task"
+        return SimGives(
+            name=self.name,
+            state_dim=self.state_dim,
+            state=f"RLinf's {self.obs_key!r} ({size})",
+            action_dim=self.action_dim,
+            fix_images=(
+                "ebrl's adapter of RLinf's envs (ebrl.envs.rlinf_env) passes the flat state "
+                f"only; use {_VLA_SIMULATOR}"
+            ),
+        )
 
 
 def check_vectorized(run: Any) -> None:
@@ -240,6 +386,12 @@ class SyntheticSim:
     slowdown_after_steps: int | None = None
     slowdown_factor: float = 1.0
 
+    def gives(self) -> SimGives:
+        """A point mass's state (3 x dim values), no camera, no instruction."""
+        return SimGives(
+            name="synthetic", state_dim=3 * self.dim, state=f"a point mass's {3 * self.dim} values"
+        )
+
 
 @dataclass
 class CountingSim:
@@ -258,6 +410,19 @@ class CountingSim:
     tasks: int = 0
     #: a camera_size x camera_size x 3 image after that (0: none)
     camera_size: int = 0
+
+    def gives(self) -> SimGives:
+        """Its state (obs_dim values), ``main_images`` with a camera, instructions with tasks."""
+        return SimGives(
+            name="counting",
+            images=("main_images",) if self.camera_size else (),
+            state_dim=self.obs_dim,
+            state=f"{self.obs_dim} values",
+            action_dim=self.action_dim,
+            instructions=self.tasks > 0,
+            fix_images="set simulator.camera_size (and simulator.tasks for instructions)",
+            fix_state="set simulator.obs_dim",
+        )
 
 
 # --- policies ---------------------------------------------------------------------------------
@@ -279,6 +444,8 @@ class RLinfPolicyNode:
     registry: str | None = None
     package: str = "rlinf"
     install: str = RLINF_INSTALL
+    #: what it reads from the simulator (check_contract); empty: the flat state
+    reads: PolicyReads = field(default_factory=PolicyReads)
 
 
 @dataclass
@@ -1346,4 +1513,5 @@ def validate(cfg: DictConfig, machine: MachineFacts | None = None) -> RunConfig:
             check_vectorized(run)
     check_machine(run, machine if machine is not None else local_machine())
     check_issue6_values(run)
+    check_contract(run.policy, run.simulator)
     return run

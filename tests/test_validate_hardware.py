@@ -44,6 +44,8 @@ H100 = machine(
 )
 # pi0 executes 5 actions per call, from a local checkpoint
 GPU = ["gpu=h100", "chunk_size=5", "policy.model_cfg.model_path=/ckpt/pi0"]
+#: LIBERO as the VLAs read it: both cameras, RLinf's 8-value state
+LIBERO_VLA = ["simulator=libero", "simulator.obs_mode=state_rgb", "simulator.obs_layout=rlinf"]
 
 
 def refused(overrides, on, *words):
@@ -73,7 +75,14 @@ def test_gpu_h100_without_a_gpu_says_use_gpu_cpu():
 
 
 def test_gpu_policy_on_an_h100_node_passes():
-    validate(make_cfg(["policy=pi0", *GPU]), machine=H100)
+    """pi0 on LIBERO as it reads it (both cameras, RLinf's 8-value state)."""
+    node = machine(
+        gpus=["NVIDIA H100 80GB HBM3"] * 8,
+        packages={**PKGS, "openpi": "/site/openpi"},
+        paths=["/ckpt/pi0", "/site/libero/libero/assets/scenes"],
+        env={"LIBERO_CONFIG_PATH": "/libero"},
+    )
+    validate(make_cfg(["policy=pi0", *LIBERO_VLA, *GPU]), machine=node)
 
 
 def test_wrong_gpu_type_names_the_one_present():
@@ -143,7 +152,7 @@ def test_behavior_needs_omnigibson_and_its_data_and_whole_worker_chunks():
 def test_unknown_packages_are_not_checked():
     """A cluster node seen from a laptop: packages unknown, only the hardware is checked."""
     node = MachineFacts(where="a node", gpus=("NVIDIA H100",), cuda=True, cpus=96)
-    validate(make_cfg(["policy=pi0", "simulator=libero", *GPU]), machine=node)
+    validate(make_cfg(["policy=pi0", *LIBERO_VLA, *GPU]), machine=node)
 
 
 def test_launcher_and_resources_values():

@@ -46,6 +46,8 @@ PAPER = {
     "dreamzero": ("dreamzero", "groot", "dreamzero", "GEAR-Dreams/DreamZero-DROID", 16, "bf16"),
 }
 BASE = {"mani_skill": "/site/mani_skill", "libero": "/site/libero", "rlinf": "/site/rlinf"}
+LIBERO = ["simulator=libero", "simulator.obs_mode=state_rgb", "simulator.obs_layout=rlinf"]
+LIBERO_SCENES = "/site/libero/libero/assets/scenes"
 HAVE_OPENPI = all(importlib.util.find_spec(m) is not None for m in ("rlinf", "openpi"))
 
 
@@ -63,15 +65,16 @@ def node_machine(policy: str, *, gpu: bool = True, package: bool = True, paths=N
         cuda=gpu,
         cpus=96,
         find_package=MachineFacts.packages({**BASE, **({pkg: f"/site/{pkg}"} if package else {})}),
-        path_exists=lambda p: p in set(paths if paths is not None else ["/ckpt/m", "/ckpt/tok"]),
-        env={},
+        path_exists=lambda p: p in {LIBERO_SCENES, *(paths or ["/ckpt/m", "/ckpt/tok"])},
+        env={"LIBERO_CONFIG_PATH": "/libero"},
     )
 
 
 def overrides(policy: str, *more: str) -> list[str]:
-    """A GPU job of ``policy``; DreamZero's other checks are reached by clearing its
-    ``untrainable`` (what refuses it first: :func:`test_dreamzero_is_refused_for_training`)."""
-    out = [f"policy={policy}", "chunk_size=${policy.action_chunk}", "gpu=h100", *more]
+    """A GPU job of ``policy`` on LIBERO as the VLAs read it (cameras, RLinf's state);
+    DreamZero's other checks are reached by clearing its ``untrainable`` (what refuses it
+    first: :func:`test_dreamzero_is_refused_for_training`)."""
+    out = [f"policy={policy}", "chunk_size=${policy.action_chunk}", "gpu=h100", *more, *LIBERO]
     if policy == "dreamzero":
         out += ["policy.model_cfg.tokenizer_path=/ckpt/tok", "policy.untrainable=''"]
     return out
@@ -124,7 +127,7 @@ def test_each_paper_policy_names_what_is_missing(policy, monkeypatch):
     # no GPU: gpu=cpu is refused by name
     with pytest.raises(ConfigError, match=rf"policy={policy} runs only on an NVIDIA GPU"):
         validate(
-            make_cfg([*overrides(policy)[:2], *overrides(policy)[4:]]),  # gpu=cpu
+            make_cfg([o for o in overrides(policy) if not o.startswith("gpu=")]),  # gpu=cpu
             machine=node_machine(policy, gpu=False),
         )
     # no package: RLinf's installer for it

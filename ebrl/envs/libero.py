@@ -17,6 +17,13 @@ Observations are one flat float32 vector ``[O]``:
   ``robot0_eye_in_hand``), each ``camera_size x camera_size x 3``, rows top to bottom, values in
   ``[0, 1]``, appended in that order (reshape ``obs[-2 * s * s * 3:]`` to ``[2, s, s, 3]``).
 
+That is ``obs_layout="ebrl"``. ``obs_layout="rlinf"`` is RLinf's LIBERO observation, what
+RLinf's (and openpi's, OpenVLA-OFT's, GR00T's) LIBERO checkpoints were trained on: the state is
+8 values, the end effector's position (3), its orientation as an axis-angle (3) and the
+gripper's two joint positions (2), and each camera image is rotated 180 degrees (LIBERO's
+training data were preprocessed so; a checkpoint reads it so); the task's one-hot and the
+cameras follow as above.
+
 Episodes end when the task's own BDDL goal predicate holds (LIBERO's ``done``, reward 1.0,
 ``terminated``) or after ``max_episode_steps`` (``truncated``). Resets start from the suite's
 fixed initial states (``get_task_init_states``: 50 per task, the states LIBERO's benchmark and
@@ -75,7 +82,19 @@ SUITES: dict[str, Suite] = {
 }
 #: the two cameras of ``obs_mode="state_rgb"``, in the order they are appended
 CAMERAS = ("agentview", "robot0_eye_in_hand")
+#: the layout's (and RLinf's) names of the two cameras, in the same order
+CAMERA_FIELDS = ("main_images", "wrist_images")
 OBS_MODES = ("state", "state_rgb")
+OBS_LAYOUTS = ("ebrl", "rlinf")
+#: the state's size under ``obs_layout="rlinf"``: eef position 3, axis-angle 3, gripper 2
+RLINF_STATE_DIM = 8
+#: what the state is under each layout (for messages)
+STATE_TEXT = {
+    "ebrl": "39 proprioception values + 14 per object (by task)",
+    "rlinf": "RLinf's 8-value state: end effector position, axis-angle, gripper",
+}
+#: the Franka's operational-space controller: end-effector delta pose 6, gripper 1
+ACTION_DIM = 7
 INIT_STATES = ("suite", "sampled")
 RENDER_BACKENDS = ("egl", "osmesa")
 #: values per movable object in LIBERO's ``object-state``: pos 3, quat 4, pos and quat to the eef
@@ -260,6 +279,17 @@ def _suite_object(benchmark: Any, suite: str) -> Any:
         return _BENCHMARKS[suite]
 
 
+def quat2axisangle(quat: np.ndarray) -> np.ndarray:  # [4] (x, y, z, w) -> [3]
+    """A unit quaternion as an axis-angle vector (the axis scaled by the angle, radians), as
+    robosuite's ``transform_utils.quat2axisangle`` computes it (RLinf's LIBERO state uses it)."""
+    x = np.asarray(quat, dtype=np.float64)
+    w = float(np.clip(x[3], -1.0, 1.0))
+    den = math.sqrt(1.0 - w * w)
+    if math.isclose(den, 0.0):  # no rotation
+        return np.zeros(3)
+    return x[:3] * 2.0 * math.acos(w) / den
+
+
 def _object_count(bddl_file: str) -> int:
     """Movable objects a task's BDDL file declares (each is OBJECT_STATE_DIM values)."""
     from libero.libero.envs.bddl_utils import robosuite_parse_problem
@@ -277,6 +307,8 @@ class LiberoEnv:
             ``env_id mod n_tasks`` (and observations carry a one-hot of the task).
         env_id: the run's global env id (set by the stage factory).
         obs_mode: ``state``, or ``state_rgb`` (the state, then both cameras; see the module).
+        obs_layout: ``ebrl`` (proprioception and objects, upright cameras) or ``rlinf``
+            (RLinf's 8-value state, cameras rotated 180 degrees; see the module).
         camera_size: height and width of each camera image, pixels.
         max_episode_steps: time limit (None: the suite's, :data:`SUITES`).
         init_states: ``suite`` (the suite's fixed initial states, picked by the reset seed) or
@@ -301,6 +333,7 @@ class LiberoEnv:
         env_id: int = 0,
         obs_mode: str = "state",
         camera_size: int = 128,
+        obs_layout: str = "ebrl",
         max_episode_steps: int | None = None,
         init_states: str = "suite",
         render_backend: str = "egl",
@@ -310,8 +343,10 @@ class LiberoEnv:
         obs_mode = str(getattr(obs_mode, "value", obs_mode))
         init_states = str(getattr(init_states, "value", init_states))
         render_backend = str(getattr(render_backend, "value", render_backend))
+        obs_layout = str(getattr(obs_layout, "value", obs_layout))
         for key, value, allowed in (
             ("obs_mode", obs_mode, OBS_MODES),
+            ("obs_layout", obs_layout, OBS_LAYOUTS),
             ("init_states", init_states, INIT_STATES),
             ("render_backend", render_backend, RENDER_BACKENDS),
         ):
@@ -321,6 +356,7 @@ class LiberoEnv:
         self.task_index = task_index(task_id, env_id, info.n_tasks)
         self.all_tasks = str(task_id).strip() == "all"
         self.cameras = obs_mode == "state_rgb"
+        self.rlinf = obs_layout == "rlinf"
         self.camera_size = int(camera_size)
         if self.cameras and self.camera_size < 1:
             raise ValueError(f"simulator.camera_size={camera_size}: must be >= 1")
@@ -373,12 +409,12 @@ class LiberoEnv:
         (proprioception and objects), the task's one-hot over the suite's instructions (one
         instruction, this task's, without), and the cameras (agentview as ``main_images``, the
         wrist camera as ``wrist_images``)."""
-        fields = [ObsField(STATES, 0, (self._proprio + self._objects * OBJECT_STATE_DIM,))]
+        fields = [ObsField(STATES, 0, (self._state_dim,))]
         if self._onehot_at is not None:
             fields.append(ObsField(TASK, self._onehot_at, (len(languages),), "onehot"))
         if self.cameras:
             side = (self.camera_size, self.camera_size, 3)
-            for c, name in enumerate(("main_images", "wrist_images")):
+            for c, name in enumerate(CAMERA_FIELDS):
                 at = self._image_at + c * math.prod(side)
                 fields.append(ObsField(name, at, side, "image"))
         return ObsLayout(tuple(fields), languages).check(self._obs_dim)
@@ -391,7 +427,11 @@ class LiberoEnv:
                 f"LIBERO {self.suite} task {self.task_index}: object-state has {objects} values, "
                 f"more than the {self._objects} objects x {OBJECT_STATE_DIM} its BDDL declares"
             )
-        at = self._proprio + self._objects * OBJECT_STATE_DIM
+        if self.rlinf:
+            self._state_dim = RLINF_STATE_DIM
+        else:
+            self._state_dim = self._proprio + self._objects * OBJECT_STATE_DIM
+        at = self._state_dim
         self._onehot_at = at if self.all_tasks else None
         at += suite_info(self.suite).n_tasks if self.all_tasks else 0
         self._image_at = at
@@ -400,18 +440,30 @@ class LiberoEnv:
 
     def _to_obs(self, raw: dict[str, Any]) -> np.ndarray:  # -> [O] float32
         out = np.zeros(self._obs_dim, dtype=np.float32)
-        p = self._proprio
-        out[:p] = raw["robot0_proprio-state"]
-        objects = np.asarray(raw["object-state"])
-        out[p : p + objects.shape[0]] = objects
+        if self.rlinf:
+            out[:RLINF_STATE_DIM] = np.concatenate(
+                [
+                    raw["robot0_eef_pos"],
+                    quat2axisangle(raw["robot0_eef_quat"]),
+                    raw["robot0_gripper_qpos"],
+                ]
+            )
+        else:
+            p = self._proprio
+            out[:p] = raw["robot0_proprio-state"]
+            objects = np.asarray(raw["object-state"])
+            out[p : p + objects.shape[0]] = objects
         if self._onehot_at is not None:
             out[self._onehot_at + self.task_index] = 1.0
         if self.cameras:
             n = self.camera_size * self.camera_size * 3
             for c, name in enumerate(CAMERAS):
                 at = self._image_at + c * n
-                # robosuite renders in OpenGL's convention (bottom row first): flip to top-down
-                out[at : at + n] = raw[f"{name}_image"][::-1].reshape(-1)
+                # robosuite renders in OpenGL's convention (bottom row first): flip to top-down;
+                # RLinf's layout rotates by 180 degrees (its checkpoints' training images)
+                image = raw[f"{name}_image"]
+                image = image[::-1, ::-1] if self.rlinf else image[::-1]
+                out[at : at + n] = image.reshape(-1)
                 out[at : at + n] *= np.float32(1.0 / 255.0)
         return out
 

@@ -31,6 +31,12 @@ RLinf (the system EBRL extends) builds every embodied policy through one registr
   GAE's bootstrap) through the rollout call, which a model whose value reads its inputs to the
   learner (a chain) needs: a full rollout call, so slower than a value head alone.
 - **Weights.** The model's ``state_dict`` (ebrl's weight board and checkpoints carry it).
+- **Device.** RLinf's ``get_model`` moves the model it built to the accelerator whenever one is
+  visible, unless the config says ``load_to_device: False``; a Ray actor with no GPU share (the
+  driver, an env worker, a CPU role) still sees every GPU of its node, so that would put the
+  model on GPU 0 of a role never given it. The model is built on the CPU (``load_to_device``
+  is always False) and the role moves it to the device it was given (``GenStage``,
+  ``StageFactory.train``).
 
 ebrl's batch-independent sampling noise is not used: RLinf's models draw their own.
 """
@@ -175,6 +181,8 @@ class RLinfPolicy(Policy):
                 "add_value_head": True,
                 "add_q_head": False,
                 **given,
+                # built on the CPU; the role moves it to its own device (module docstring)
+                "load_to_device": False,
                 "model_type": model_type,
                 "obs_dim": self.layout.size(STATES) or spec.obs_dim,
                 "action_dim": spec.action_dim,

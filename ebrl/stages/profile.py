@@ -119,9 +119,10 @@ def gen_stage_fn(policy: Any, pin_cores: bool = False, seed: int = 0) -> StageFn
     def make(threads: int, batch: int) -> Step:
         _use_cores(threads, pin_cores)
         g = torch.Generator().manual_seed(seed)
+        dev = policy_device(policy)  # the observations where the policy acts
         obs = Observation(
-            obs=torch.randn(batch, policy.spec.obs_dim, generator=g),  # [B, O]
-            env_ids=torch.arange(batch),  # [B]
+            obs=torch.randn(batch, policy.spec.obs_dim, generator=g).to(dev),  # [B, O]
+            env_ids=torch.arange(batch, device=dev),  # [B]
         )
 
         def step() -> float:
@@ -178,12 +179,20 @@ def policy_shape(policy: Any) -> dict[str, Any]:
     }
 
 
+def policy_device(policy: Any) -> torch.device:
+    """Where ``policy`` computes: its parameters' device (the CPU for one without any)."""
+    first = next(iter(policy.parameters()), None)
+    return first.device if first is not None else torch.device("cpu")
+
+
 def sampled_batch(
     policy: Any, batch: int, g: torch.Generator, device: torch.device | None = None
 ) -> FlatBatch:
     """A learner's minibatch of ``batch`` decisions as a rollout makes them: random
     observations, the chunks (and their extras) the policy samples for them, its own scores as
-    the behaviour and proximal log-probs, random advantages and returns."""
+    the behaviour and proximal log-probs, random advantages and returns; every tensor on
+    ``device`` (default: the policy's, :func:`policy_device`), where the loss meets them."""
+    device = device if device is not None else policy_device(policy)
     spec = policy.spec
     obs = torch.randn(batch, spec.obs_dim, generator=g).to(device)  # [B, O]
     noise = torch.randn(batch, spec.chunk_size, spec.action_dim, generator=g)  # [B, K, A]
