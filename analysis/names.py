@@ -52,6 +52,7 @@ SIMULATORS = {
     "synthetic": "Synthetic (step-cost model)",
     "counting": "Counting (test env)",
     "libero": "LIBERO",
+    "libero_vla": "LIBERO (the VLAs' observation)",
     "robocasa": "RoboCasa",
     "behavior": "BEHAVIOR-1K",
     "rlinf_maniskill": "ManiSkill (RLinf's env)",

@@ -9,7 +9,7 @@ import pytest
 from ebrl import launch
 
 #: the headline sweep narrowed to one policy/simulator/scheduler: its two GPU types remain
-HEADLINE = ["headline_full", "policy=pi0", "simulator=libero", "scheduler=ebrl"]
+HEADLINE = ["headline_full", "policy=pi0", "simulator=libero_vla", "scheduler=ebrl"]
 
 
 def dry_run(capsys, *args: str) -> tuple[int, str]:
@@ -92,7 +92,7 @@ def test_a_job_that_cannot_run_is_reported_not_submitted(capsys):
         capsys,
         "headline_full",
         "policy=dreamzero",
-        "simulator=libero",
+        "simulator=libero_vla",
         "scheduler=ebrl",
         "seed=0",
         "gpu=rtx4090",
@@ -107,7 +107,7 @@ def test_every_paper_policy_without_its_checkpoint_is_reported_per_job(capsys, m
     names its checkpoint and how to get it."""
     monkeypatch.delenv("EBRL_CHECKPOINTS")
     code, out = dry_run(
-        capsys, "headline_full", "simulator=libero", "scheduler=ebrl", "seed=0", "gpu=h100"
+        capsys, "headline_full", "simulator=libero_vla", "scheduler=ebrl", "seed=0", "gpu=h100"
     )
     assert code == 1 and "fail validation" in out
     for policy, hub in (
@@ -148,7 +148,7 @@ def _expand_command(cmd: list[str]) -> list[list[str]]:
         ["grpo"],
         ["grpo", "scheduler=ebrl", "seed=0,1", "tracking.experiment=x"],
         ["scaling_full", "scheduler=ebrl", "seed=0"],
-        ["headline_full", "policy=pi0", "simulator=libero", "scheduler=ebrl"],
+        ["headline_full", "policy=pi0", "simulator=libero_vla", "scheduler=ebrl"],
     ],
 )
 def test_the_multirun_puts_every_axis_after_the_sweep_and_expands_to_the_planned_jobs(argv):

@@ -96,7 +96,7 @@ def _dry_run(*overrides: str) -> str:
 def test_the_dry_run_gives_each_roles_memory_for_pi0_on_an_h100():
     text = _dry_run(
         "policy=pi0",
-        "simulator=libero",
+        "simulator=libero_vla",
         "gpu=h100",
         "scheduler=colocated,ebrl",
         "scale.gen_gpus=0.5",
@@ -123,7 +123,7 @@ def test_the_dry_run_gives_each_roles_memory_for_pi0_on_an_h100():
 
 def test_the_dry_run_keeps_a_set_micro_batch_and_says_when_it_does_not_fit():
     text = _dry_run(
-        "policy=pi0", "simulator=libero", "gpu=h100", "scheduler=colocated",
+        "policy=pi0", "simulator=libero_vla", "gpu=h100", "scheduler=colocated",
         "algo.cfg.micro_batch=2816",
     )  # fmt: skip
     (line,) = [ln for ln in text.splitlines() if "memory, learner" in ln]

@@ -396,7 +396,7 @@ RLINF_MICRO = {"pi0": 128, "gr00t": 128, "openvla_oft": 32}
 @pytest.mark.parametrize("policy", VLAS)
 @pytest.mark.parametrize("scheduler", ["rlinf_colocated", "rlinf_hybrid", "rlinf_async"])
 def test_micro_batches_stay_within_rlinfs_own(policy, scheduler, checkpoints):
-    job = full_size_job(policy, "libero", scheduler)
+    job = full_size_job(policy, "libero_vla", scheduler)
     rl = translate_job(job, env="libero_spatial")
     actors = world_sizes(rl["cluster"]["component_placement"])["actor"]
     gb, mb = rl["actor"]["global_batch_size"], rl["actor"]["micro_batch_size"]
@@ -408,11 +408,11 @@ def test_micro_batches_stay_within_rlinfs_own(policy, scheduler, checkpoints):
 def test_micro_batch_pinned_at_headline_full_size(checkpoints):
     # pi0: 256 envs x 44 decisions / 4 minibatches = 2,816 per minibatch over 8 actor processes:
     # 352 each, in micro-batches of 88 (the largest divisor of 352 up to RLinf's 128)
-    rl = translate_job(full_size_job("pi0", "libero", "rlinf_colocated"))
+    rl = translate_job(full_size_job("pi0", "libero_vla", "rlinf_colocated"))
     assert (rl["actor"]["global_batch_size"], rl["actor"]["micro_batch_size"]) == (2816, 88)
     over = {"actor.micro_batch_size": 100}
     with pytest.raises(TranslationError, match=r"micro_batch_size=100 x 8 .* divides 352"):
-        translate_job(full_size_job("pi0", "libero", "rlinf_colocated"), overrides=over)
+        translate_job(full_size_job("pi0", "libero_vla", "rlinf_colocated"), overrides=over)
 
 
 @pytest.mark.parametrize("scheduler", ["rlinf_colocated", "rlinf_hybrid", "rlinf_async"])
@@ -622,7 +622,7 @@ def test_rlinf_validates_the_full_size_pairs(policy, scheduler, checkpoints, tmp
     by action size: test_robocasa_pairs_are_refused_by_action_size), through RLinf 0.3's own
     composition, placement parser and validator on 8 GPUs."""
     _rlinf_checkout()
-    rl = translate_job(full_size_job(policy, "libero", scheduler))
+    rl = translate_job(full_size_job(policy, "libero_vla", scheduler))
     cfg = _rlinf_validate(rl, tmp_path, monkeypatch, gpus=8)
     from rlinf.utils.placement import HybridComponentPlacement
 
@@ -697,11 +697,11 @@ def test_dry_run_translates_every_rlinf_job(checkpoints):
     from ebrl.launch import describe, plan
 
     axes = ["scheduler=rlinf_colocated,rlinf_hybrid,rlinf_async", "policy=pi0"]
-    p = plan("headline_full", [*axes, "simulator=libero,robocasa", "gpu=h100", "seed=0"])
+    p = plan("headline_full", [*axes, "simulator=libero_vla,robocasa", "gpu=h100", "seed=0"])
     jobs = {j.index: j for a in p.arrays for j in a.jobs}
     refused = dict((j.index, msg) for j, msg in p.errors)
     assert len(jobs) + len(refused) == 6
-    libero = [i for i, j in jobs.items() if "simulator=libero" in j.overrides]
+    libero = [i for i, j in jobs.items() if "simulator=libero_vla" in j.overrides]
     assert sorted(libero) == sorted(jobs) and len(libero) == 3  # every LIBERO job translated
     for i in libero:
         assert "1 node(s) x 8 GPU(s) = 8 GPUs" in p.roles[i]
