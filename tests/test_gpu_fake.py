@@ -310,8 +310,9 @@ def test_no_daemon_is_left_after_the_driver_is_stopped_or_killed(tmp_path, sig):
 def test_without_mps_the_run_warns_once_names_the_fix_and_records_time_slicing(tmp_path):
     p = run_train(tmp_path, fake_gpu_layer(tmp_path, mps=False))
     assert p.returncode == 0, p.stderr[-3000:]
-    warned = [ln for ln in p.stderr.splitlines() if "time-slice the GPU" in ln]
-    assert len(warned) == 1, p.stderr[-3000:]
+    said = p.stdout + p.stderr  # the run's log goes to stdout (Hydra's console handler)
+    warned = [ln for ln in said.splitlines() if "time-slice the GPU" in ln]
+    assert len(warned) == 1, said[-3000:]
     assert "nvidia-cuda-mps-control" in warned[0] and "enable MIG" in warned[0]
     envs = role_envs(tmp_path)
     assert envs["gen"]["CUDA_MPS_PIPE_DIRECTORY"] is None
