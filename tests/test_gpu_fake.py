@@ -240,7 +240,7 @@ def run_train(tmp_path: Path, env: dict[str, str], *extra: str) -> subprocess.Co
 
 
 # --- the default path: one node, Ray started by the run -------------------------------------
-@pytest.mark.slow  # Ray and four roles: ~40 s here; make test-slow
+@pytest.mark.slow  # Ray and four roles: 2-3 min on a loaded 2-core machine; make test-slow
 @pytest.mark.parametrize(
     ("extra", "quotas"),
     [
@@ -272,7 +272,7 @@ def test_g1_on_one_node_starts_one_daemon_every_gpu_role_gets_its_quota_and_none
     assert sharing_param(tmp_path) == "mps"
 
 
-@pytest.mark.slow  # ~40 s here; make test-slow
+@pytest.mark.slow  # 1.5-3 min on a loaded 2-core machine; make test-slow
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["sigterm", "driver_kill"])
 def test_no_daemon_is_left_after_the_driver_is_stopped_or_killed(tmp_path, sig):
     """The no-orphan rule of tests/test_faults.py for the MPS daemon: after SIGTERM the driver
@@ -306,7 +306,7 @@ def test_no_daemon_is_left_after_the_driver_is_stopped_or_killed(tmp_path, sig):
     assert ["quit", start[2]] in mps_log(tmp_path)
 
 
-@pytest.mark.slow  # ~40 s here; make test-slow
+@pytest.mark.slow  # 1.5-3 min on a loaded 2-core machine; make test-slow
 def test_without_mps_the_run_warns_once_names_the_fix_and_records_time_slicing(tmp_path):
     p = run_train(tmp_path, fake_gpu_layer(tmp_path, mps=False))
     assert p.returncode == 0, p.stderr[-3000:]
@@ -385,7 +385,7 @@ def sharing_param_absent(tmp_path: Path) -> bool:
 
 
 # --- a Ray cluster of two nodes ---------------------------------------------------------------
-@pytest.mark.slow  # a 2-node Ray cluster and a run: ~60 s here; make test-slow
+@pytest.mark.slow  # a 2-node Ray cluster and a run: ~3 min on a loaded 2-core machine
 def test_on_a_two_node_cluster_every_machine_has_one_daemon_and_every_gpu_role_its_pipe(
     tmp_path, monkeypatch
 ):
