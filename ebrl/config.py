@@ -731,7 +731,8 @@ class ResourcesNode:
     train_threads: int = 2
     #: generator batch size, M of "first M of N" (None: scheduler.batch_min; elastic: chosen)
     gen_batch: int | None = None
-    #: GPU SM share, percent, of generation and training (an MPS cap; None: no quota)
+    #: GPU SM quota, percent, of generation and training (an MPS cap; None: the role's GPU
+    #: share, scheduler.gen_gpus / learner_gpus; ebrl/resources/sharing.py)
     gen_sm_pct: int | None = None
     train_sm_pct: int | None = None
     #: static: keep the split; elastic: Algorithm 1 re-balances it at run time
@@ -890,10 +891,12 @@ def check_machine(run: RunConfig, machine: MachineFacts) -> None:
             f"{machine.gpus[0] if machine.gpus else 'none'}: choose the gpu option that matches "
             "it (conf/gpu/)",
         )
+        # scheduler.device=cpu: a dry run of the GPU configuration, the stages on the cores
         _check(
-            machine.cuda,
+            machine.cuda or getattr(run.scheduler, "device", None) == "cpu",
             f"gpu={gpu.name}: {machine.where} has {machine.gpus[0] if machine.gpus else 'a GPU'} "
-            "but torch cannot use it (a CPU build of torch?): install a CUDA build of torch",
+            "but torch cannot use it (a CPU build of torch?): install a CUDA build of torch (or "
+            "dry-run the GPU configuration on the cores: scheduler.device=cpu, scheduler=ebrl)",
         )
         # sync and Colocated put the policy on the GPU themselves (StageFactory.local_device);
         # the schedulers on EBRL's workers place it by their roles' GPU shares
@@ -906,6 +909,15 @@ def check_machine(run: RunConfig, machine: MachineFacts) -> None:
                 "SMs), or pick a scale point (+axis/scale=g1)",
                 gpu.name,
             )
+    asked = {r: getattr(run.scheduler, f"{r}_gpus", 0) or 0 for r in ("gen", "learner")}
+    if any(v > 0 for v in asked.values()) and getattr(run.scheduler, "ray_address", "") == "local":
+        # the run's own Ray instance has the GPUs NVML shows here: none, so nothing can place
+        _check(
+            bool(machine.gpus),
+            f"scheduler.gen_gpus={asked['gen']:g}, learner_gpus={asked['learner']:g} ask for "
+            f"GPU shares, but {machine.where} has no NVIDIA GPU: set scale.gen_gpus=0 "
+            "scale.learner_gpus=0 (the roles on the cores), or run on a GPU node",
+        )
     for group, node in (("policy", run.policy), ("simulator", run.simulator)):
         name = _option(node, type(node).__name__)
         if getattr(node, "requires_gpu", False):

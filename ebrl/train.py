@@ -592,13 +592,26 @@ def manages_resources(scheduler: Any) -> bool:
 
 def _refuse_unwired_resources(run: RunConfig) -> None:
     """The ``resources`` group is read by the EBRL scheduler's resource manager only
-    (``ebrl/schedulers/ebrl/manage.py``). Refuse a non-default value that the run would not
-    honour: any, under another scheduler; under ``scheduler=ebrl``, GPU SM quotas (its stages run
-    on CPU), cores without pinning, and settings of a part that is off."""
+    (``ebrl/schedulers/ebrl/manage.py``), its SM quotas by every scheduler on EBRL's workers
+    (their roles' processes get them: ``ebrl/resources/sharing.py``). Refuse a non-default value
+    that the run would not honour: any, under another scheduler; SM quotas the roles' GPU
+    shares cannot take; under ``scheduler=ebrl``, cores without pinning, and settings of a part
+    that is off."""
+    from ebrl.resources.sharing import check_quotas
+
     res = run.resources
     expected = {f.name: getattr(ResourcesNode(), f.name) for f in dataclasses.fields(ResourcesNode)}
     # conf/resources/default.yaml mirrors threads.* into these two
     expected.update(gen_threads=run.threads.gen, train_threads=run.threads.train)
+    gen_gpus = getattr(run.scheduler, "gen_gpus", None)
+    learner_gpus = getattr(run.scheduler, "learner_gpus", None)
+    on_ebrl_workers = gen_gpus is not None and learner_gpus is not None
+    if on_ebrl_workers:  # the roles' processes take their quotas under every such scheduler
+        try:
+            check_quotas(gen_gpus, learner_gpus, res.gen_sm_pct, res.train_sm_pct)
+        except ValueError as e:
+            raise ConfigError(str(e)) from e
+        expected.update(gen_sm_pct=res.gen_sm_pct, train_sm_pct=res.train_sm_pct)
     changed = [
         f"resources.{k}={getattr(res, k)}" for k, v in expected.items() if getattr(res, k) != v
     ]
@@ -611,14 +624,12 @@ def _refuse_unwired_resources(run: RunConfig) -> None:
             f"allocator) is not wired into scheduler {cls.__name__}, only into "
             "scheduler=ebrl; use scheduler=ebrl, or set the split with threads.gen / threads.train "
             "and leave resources at its defaults"
-        )
-    quotas = [f"resources.{k}={getattr(res, k)}" for k in ("gen_sm_pct", "train_sm_pct")]
-    if res.gen_sm_pct is not None or res.train_sm_pct is not None:
-        raise ConfigError(
-            f"{', '.join(q for q in quotas if not q.endswith('None'))}: GPU SM quotas (MPS) are "
-            "not applied by scheduler=ebrl, whose stages run on CPU; leave gen_sm_pct and "
-            "train_sm_pct null (the CPU split is gen_threads / train_threads, or cores with "
-            "resources.pin=true)"
+            + (
+                " (resources.gen_sm_pct / train_sm_pct: only the schedulers on EBRL's workers, "
+                "ebrl, hybrid and async, give their roles SM quotas)"
+                if not on_ebrl_workers
+                else ""
+            )
         )
     cores = [
         f"resources.{k}={getattr(res, k)}"

@@ -61,6 +61,57 @@ if [ "${PLAN_PROFILE:-1}" = "1" ] && command -v nvidia-smi >/dev/null; then
   fi
 fi
 
+# The run's own MPS daemon, seen from outside while a run goes (issue 42): the headline's GPU
+# scale point (generator and learner at half the GPU each) on this GPU, 20 updates; once its
+# roles are up, the daemon's servers and their clients (nvidia-cuda-mps-control's
+# get_server_list / get_client_list) and the quota and pipe every GPU role runs with (the run's
+# gpu_env.jsonl); the daemon must be gone once the run ends. MPS_RUN=0 skips it.
+if [ "${MPS_RUN:-1}" = "1" ] && command -v nvidia-smi >/dev/null \
+  && command -v nvidia-cuda-mps-control >/dev/null; then
+  name=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
+  gpu=""
+  for g in h200 h100 h20 a100 rtx4090; do  # conf/gpu/ by device name (H200 before H20)
+    if echo "$name" | grep -qi "$g"; then gpu=$g; break; fi
+  done
+  if [ -z "$gpu" ]; then
+    echo "MPS run: skipped: no conf/gpu/ option matches '$name'"
+  else
+    RUN=${PLAN_OUT:-outputs/plan/gpu-$(date -u +%Y%m%d-%H%M%S)}/mps-run
+    mkdir -p "$RUN"
+    timeout 300 "$PY" -m ebrl.train scheduler=ebrl +axis/scale=g1 "gpu=$gpu" "simulator=$SIM" \
+      num_envs=16 budget.iterations=20 "run_dir=$RUN/run" \
+      "tracking.store=$RUN/mlflow" >"$RUN/train.log" 2>&1 &
+    train=$!
+    for _ in $(seq 240); do  # the roles are up once they have written their environments
+      [ -s "$RUN/run/gpu_env.jsonl" ] && break
+      kill -0 "$train" 2>/dev/null || break
+      sleep 1
+    done
+    if [ -s "$RUN/run/gpu_env.jsonl" ]; then
+      sleep 10  # the roles' first CUDA calls: each client connects when it makes its context
+      pipe=$("$PY" -c 'import json,sys; print(json.loads(open(sys.argv[1]).readline())["CUDA_MPS_PIPE_DIRECTORY"] or "")' "$RUN/run/gpu_env.jsonl")
+      echo "MPS run: the GPU roles' sharing variables:"; cat "$RUN/run/gpu_env.jsonl"
+      if [ -n "$pipe" ]; then
+        servers=$(echo get_server_list | CUDA_MPS_PIPE_DIRECTORY=$pipe nvidia-cuda-mps-control)
+        echo "MPS run: servers of the daemon at $pipe: ${servers:-none}"
+        for s in $servers; do
+          echo "  server $s: clients $(echo "get_client_list $s" \
+            | CUDA_MPS_PIPE_DIRECTORY=$pipe nvidia-cuda-mps-control | tr '\n' ' ')"
+        done
+      else
+        echo "MPS run: the roles have no MPS pipe (time-sliced; see $RUN/train.log)"; status=1
+      fi
+    else
+      echo "MPS run: the roles never started (see $RUN/train.log)"; status=1
+    fi
+    wait "$train" || status=$?
+    if [ -n "${pipe:-}" ] && [ -d "$pipe" ]; then
+      echo "MPS run: the daemon's pipe $pipe outlived the run"; status=1
+    fi
+    grep -E "MPS: |time-slice" "$RUN/train.log" || true
+  fi
+fi
+
 # pi0 at its real size (3.3B, random weights: no checkpoint here) through RLinf's model code
 # behind ebrl's RLinfPolicy on the GPU: acts/s, a learner step and an AdamW update at batches
 # 1, 8, 32, peak memory (~1-3 min, most of it building on the CPU). Needs RLinf and

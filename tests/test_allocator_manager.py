@@ -376,10 +376,11 @@ def test_ebrl_refuses_what_it_would_not_honour(extra, words):
         _refuse_unwired_resources(run_of(["scheduler=ebrl", *extra]))
 
 
-def test_sm_quotas_are_refused_by_name():
+def test_an_sm_quota_for_a_role_on_the_cores_is_refused_by_name():
+    """A quota needs the role's GPU share (tests/test_gpu_fake.py: quotas that are taken)."""
     h100 = MachineFacts(where="a node", gpus=("NVIDIA H100 80GB HBM3",), cuda=True, cpus=16)
     run = run_of(["scheduler=ebrl", "gpu=h100", "resources.gen_sm_pct=60"], on=h100)
-    with pytest.raises(ConfigError, match=r"resources.gen_sm_pct=60: GPU SM quotas"):
+    with pytest.raises(ConfigError, match=r"resources.gen_sm_pct=60, but scheduler.gen_gpus=0"):
         _refuse_unwired_resources(run)
 
 

@@ -162,6 +162,23 @@ def test_launcher_and_resources_values():
     refused(["resources.gen_sm_pct=50"], CPU, "needs a GPU")
 
 
+def test_gpu_shares_on_a_machine_without_a_gpu_are_refused_naming_the_scale_keys():
+    """The run's own Ray instance gets the GPUs NVML shows: none here, so the roles' shares
+    could not be placed (issue 42)."""
+    refused(["scheduler=ebrl", "+axis/scale=g1"], CPU, "GPU shares", "scale.gen_gpus=0")
+    # joining a cluster: its nodes have the GPUs, not this machine
+    validate(make_cfg(["scheduler=ebrl", "+axis/scale=g1", "scheduler.ray_address=auto"]), CPU)
+
+
+def test_a_gpu_config_dry_runs_on_the_cores_where_torch_cannot_use_the_gpu():
+    """scheduler.device=cpu: NVML sees the GPU, torch cannot (a CPU build): the GPU path runs,
+    the stages compute on the cores; without it the run names that option."""
+    cpu_torch = machine(gpus=["NVIDIA H100 80GB HBM3"], cuda=False)
+    g1 = ["scheduler=ebrl", "+axis/scale=g1", "gpu=h100"]
+    refused(g1, cpu_torch, "CUDA build of torch", "scheduler.device=cpu")
+    validate(make_cfg([*g1, "scheduler.device=cpu"]), machine=cpu_torch)
+
+
 def build_error(node) -> BaseException:
     """What building ``node`` raises (Hydra wraps it; the cause is the target's own error)."""
     with pytest.raises(InstantiationException) as e:

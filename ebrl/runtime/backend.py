@@ -144,6 +144,8 @@ class RayBackend:
         address: ``"local"`` starts a private Ray instance (never joins a running one by
             accident); ``"auto"`` or ``ray://host:port`` join a cluster.
         num_cpus: logical CPUs for a local instance (default: this machine's).
+        num_gpus: GPUs for a local instance (default: Ray detects them); the driver passes
+            those NVML shows it where a role asks for a GPU.
     """
 
     #: how long :meth:`shutdown` waits for ``ray.shutdown`` once a stop signal arrived: Slurm
@@ -152,7 +154,9 @@ class RayBackend:
     #: left when the driver exits)
     shutdown_timeout_s = 3.0
 
-    def __init__(self, address: str = "local", num_cpus: int | None = None) -> None:
+    def __init__(
+        self, address: str = "local", num_cpus: int | None = None, num_gpus: int | None = None
+    ) -> None:
         import ray
 
         from ebrl.runtime.watchdog import Watchdog
@@ -174,6 +178,7 @@ class RayBackend:
                         include_dashboard=False,
                         # joining a cluster: its nodes say what they have
                         num_cpus=(num_cpus or os.cpu_count()) if address == "local" else None,
+                        num_gpus=num_gpus if address == "local" else None,
                         log_to_driver=True,
                         logging_level=logging.WARNING,
                         runtime_env=env,

@@ -396,7 +396,11 @@ def _refusal(
 
 # --- Ray --------------------------------------------------------------------------------------
 def ray_options(
-    p: Placement, *, mps: bool = True, mps_pipe: str | Path | None = None
+    p: Placement,
+    *,
+    mps: bool = True,
+    mps_pipe: str | Path | None = None,
+    sm_pct: int | None = None,
 ) -> dict[str, Any]:
     """Ray actor options for ``p``: merge them over ``RayBackend.spawn``'s defaults
     (``spawn(..., options=ray_options(p))``).
@@ -405,15 +409,18 @@ def ray_options(
     * ``num_gpus``: the ask (Ray packs fractional shares on one GPU and sets
       ``CUDA_VISIBLE_DEVICES``); ``num_cpus``: the placement's (0 by default).
     * ``resources``: the ask's custom resources.
-    * ``runtime_env.env_vars``: for a share below one GPU, the MPS SM quota
-      ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`` (it takes effect where an MPS daemon serves the
-      GPU; without one CUDA ignores it), plus ``CUDA_MPS_PIPE_DIRECTORY`` when ``mps_pipe``
-      is given. Ray merges an actor's ``env_vars`` with the job's (``RayBackend``'s
-      ``VK_ICD_FILENAMES`` ... stay).
+    * ``runtime_env.env_vars``: the MPS SM quota ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE``
+      (``sm_pct``, else the share in percent for a share below one GPU; it takes effect
+      where an MPS daemon serves the GPU, without one CUDA ignores it), plus
+      ``CUDA_MPS_PIPE_DIRECTORY`` when ``mps_pipe`` is given. Ray merges an actor's
+      ``env_vars`` with the job's (``RayBackend``'s ``VK_ICD_FILENAMES`` ... stay).
 
     Args:
-        mps: set the MPS quota for shares below one GPU.
-        mps_pipe: the MPS daemon's pipe directory on the node (``MPSDaemon.pipe_dir``).
+        mps: set the MPS quota.
+        mps_pipe: the pipe directory of the MPS daemon serving the node
+            (``ebrl.resources.mps.ClusterMPS.pipes``).
+        sm_pct: the role's SM quota in percent (``ebrl.resources.sharing.quotas``; None: the
+            share's own, :attr:`Ask.mps_percent`).
     """
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
@@ -426,8 +433,9 @@ def ray_options(
     if a.resources:
         opts["resources"] = dict(a.resources)
     env: dict[str, str] = {}
-    if mps and a.mps_percent is not None:
-        env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(a.mps_percent)
+    quota = sm_pct if sm_pct is not None and a.gpus > 0 else a.mps_percent
+    if mps and quota is not None:
+        env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(quota)
         if mps_pipe is not None:
             env["CUDA_MPS_PIPE_DIRECTORY"] = str(mps_pipe)
     if env:
@@ -435,8 +443,41 @@ def ray_options(
     return opts
 
 
-def describe(placements: Sequence[Placement]) -> str:
-    """A table a person can read in a log: one row per worker, then one per node."""
+#: the variables a GPU role's process reports (:func:`record_role_env`)
+GPU_ENV = (
+    "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE",
+    "CUDA_MPS_PIPE_DIRECTORY",
+    "CUDA_VISIBLE_DEVICES",
+)
+
+
+def _role_env(_instance: Any) -> dict[str, Any]:
+    """Run inside a role's actor process: its pid, node and sharing variables."""
+    import os
+    import socket
+
+    return {
+        "pid": os.getpid(),
+        "host": socket.gethostname(),
+        **{k: os.environ.get(k) for k in GPU_ENV},
+    }
+
+
+def record_role_env(actor: Any, timeout_s: float = 60.0) -> dict[str, Any]:
+    """What a role's process runs with (:data:`GPU_ENV`, its pid and host), read inside it."""
+    import ray
+
+    return ray.get(actor.__ray_call__.remote(_role_env), timeout=timeout_s)
+
+
+def describe(
+    placements: Sequence[Placement], sm_pct: Mapping[Ask, int | None] | None = None
+) -> str:
+    """A table a person can read in a log: one row per worker, then one per node.
+
+    Args:
+        sm_pct: each GPU role's SM quota where it is not its share's (pinned quotas).
+    """
     head = ("role", "index", "node", "gpu", "gpu slot", "mps %", "cpus", "resources", "feeds")
     rows = [head]
     for p in placements:
@@ -448,7 +489,7 @@ def describe(placements: Sequence[Placement]) -> str:
                 p.node.short,
                 _fmt_num(a.gpus) if a.gpus else "-",
                 ",".join(map(str, p.gpu_slots)) or "-",
-                str(a.mps_percent) if a.mps_percent is not None else "-",
+                str(q) if (q := (sm_pct or {}).get(a, a.mps_percent)) is not None else "-",
                 _fmt_num(a.cpus) + ("" if p.num_cpus or not a.cpus else " (pinned)"),
                 ",".join(f"{k}={_fmt_num(v)}" for k, v in sorted(a.resources.items())) or "-",
                 "-" if a.feeds is None else f"gen {a.feeds}" + ("" if p.local else " (off-node)"),

@@ -15,6 +15,7 @@ the engine test then started its own MPS daemon, which the run now starts itself
 from __future__ import annotations
 
 import csv
+import json
 import logging
 import os
 import time
@@ -86,7 +87,8 @@ def test_ebrl_trains_the_vla_fake_with_generator_and_learner_on_the_gpu(
     tmp_path, monkeypatch, caplog
 ):
     """Shares of a GPU are placed by Ray (one process per stage), each under its MPS quota of
-    the MPS daemon the run starts for itself (EBRLScheduler.start_mps) and stops at its end."""
+    the MPS daemon the run starts for itself (EBRLScheduler.start_mps: a keeper on the node,
+    ebrl.resources.mps) and stops at its end."""
     from ebrl.train import train
 
     vla = ["simulator.tasks=2", "simulator.camera_size=4", "scheduler.staleness=0"]
@@ -96,11 +98,14 @@ def test_ebrl_trains_the_vla_fake_with_generator_and_learner_on_the_gpu(
     path = os.environ.get("PYTHONPATH")
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(REPO), path])))
     monkeypatch.delenv("CUDA_MPS_PIPE_DIRECTORY", raising=False)
-    with caplog.at_level(logging.INFO, logger="ebrl.resources.apply"):
+    with caplog.at_level(logging.INFO, logger="ebrl.resources.mps"):
         s = train(cfg)
     said = [r.getMessage() for r in caplog.records]
-    assert any("MPS control daemon" in m and "started" in m for m in said), said
-    assert any("MPS control daemon" in m and "stopped" in m for m in said), said
+    assert any("MPS: daemon" in m and "started on" in m for m in said), said
+    assert any("MPS: daemons" in m and "stopped" in m for m in said), said
+    rows = (tmp_path / "run" / "gpu_env.jsonl").read_text().splitlines()
+    pipes = {json.loads(ln)["CUDA_MPS_PIPE_DIRECTORY"] for ln in rows}
+    assert len(pipes) == 1 and None not in pipes  # both roles joined the run's daemon
     assert s.status == "FINISHED" and s.iterations == 3
     for r in csv.DictReader((tmp_path / "run" / "metrics.csv").open()):
         assert float(r["train/behave_weight_mean"]) == pytest.approx(1.0, abs=1e-4)

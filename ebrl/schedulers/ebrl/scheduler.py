@@ -29,10 +29,10 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import logging
 import math
 import os
-import shutil
 import threading
 import time
 from collections import deque
@@ -43,23 +43,26 @@ from typing import Any
 
 import numpy as np
 
-from ebrl.resources.apply import (
-    MPS_CONTROL,
-    MPSDaemon,
-    MPSError,
-    affinity_guard,
-    find_control_daemons,
-    threads_guard,
-)
+from ebrl.resources import sharing
+from ebrl.resources.apply import MPS_CONTROL, affinity_guard, threads_guard
 from ebrl.resources.manager import trial_plan
 from ebrl.resources.model import Shape, Workload
 from ebrl.resources.model import split_groups as env_groups
+from ebrl.resources.mps import ClusterMPS
 from ebrl.resources.runtime import RunTimeManager
 from ebrl.resources.shape import ShapeChoice, ShapeTrials, shortlist
 from ebrl.runtime.backend import InProcessBackend, RayBackend, WorkerDied
 from ebrl.runtime.channel import Inbox, Outbox, new_authkey, node_ip
 from ebrl.runtime.dist import STRATEGIES
-from ebrl.runtime.placement import Ask, Placement, cluster_nodes, describe, place, ray_options
+from ebrl.runtime.placement import (
+    Ask,
+    Placement,
+    cluster_nodes,
+    describe,
+    place,
+    ray_options,
+    record_role_env,
+)
 from ebrl.runtime.slots import ShmSlots, SlotSpec
 from ebrl.schedulers.base import IterationReport, RunContext, StageError
 from ebrl.schedulers.ebrl import manage
@@ -168,8 +171,15 @@ class EBRLScheduler:
         weight_board: publish the learner's weights on a shared-memory board that every
             replica on its machine reads (off: a pickled state dict per replica per update).
         gen_gpus: the GPU share each replica asks for (0: CPU; < 1: a share of one GPU, an
-            MPS quota of that many SMs on an MPS-enabled GPU); needs ``backend=ray``.
-        learner_gpus: the GPU share each learner rank asks for (as ``gen_gpus``).
+            MPS quota of that many SMs, or ``resources.gen_sm_pct``, under the MPS daemon the
+            run starts or joins on the replica's node); needs ``backend=ray``.
+        learner_gpus: the GPU share each learner rank asks for (as ``gen_gpus``; its pinned
+            quota is ``resources.train_sm_pct``).
+        device: where the roles with a GPU share compute: null (``cuda``), or ``cpu``: a dry
+            run of a GPU configuration on a machine whose torch cannot use the GPU (placement,
+            Ray's GPU accounting, the MPS daemons and every role's quota as on the GPU node;
+            the stages compute on the cores).
+        mps_control: the MPS control binary each node runs (found on the node's PATH).
         learner_strategy: ``ddp`` (every learner rank holds the whole policy and optimiser) or
             ``fsdp`` (torch FSDP2 shards parameters, gradients and optimiser state over the
             ranks, ~1/L each; needs ``learner_ranks >= 2`` and ``backend=ray``); the update,
@@ -199,10 +209,21 @@ class EBRLScheduler:
     gen_gpus: float = 0.0
     learner_gpus: float = 0.0
     learner_strategy: str = "ddp"
+    device: str | None = None
+    mps_control: str = MPS_CONTROL
 
     def __post_init__(self) -> None:
         self.shape_choice: ShapeChoice | None = None  # the last run's, when it was searched
-        self.mps: MPSDaemon | None = None  # the run's own MPS daemon (start_mps), while it runs
+        self.mps: ClusterMPS | None = None  # the run's MPS daemons (start_mps), while it runs
+        #: how the last run's GPUs were shared (sharing.TAG); None: no role had a GPU
+        self.sharing: sharing.Sharing | None = None
+        self._unlogged_sharing: sharing.Sharing | None = None
+        self.quotas: dict[str, int | None] = {}
+        if self.device not in (None, "cuda", "cpu"):
+            raise ValueError(
+                f"scheduler.device={self.device!r}: null (the roles with a GPU share compute "
+                "on it) or cpu (a dry run of a GPU configuration on the cores)"
+            )
         self._unlogged_shape: ShapeChoice | None = None
         if self.rebind and self.step_level is False:
             raise ValueError("scheduler.rebind needs scheduler.step_level=true (level 3)")
@@ -391,7 +412,9 @@ class EBRLScheduler:
         self.check_resources(ctx)
         roles = self.roles(ctx)
         backend = (
-            InProcessBackend() if self.backend == "inprocess" else RayBackend(self.ray_address)
+            InProcessBackend()
+            if self.backend == "inprocess"
+            else RayBackend(self.ray_address, num_gpus=self._local_gpus())
         )
         authkey, host = new_authkey(), node_ip()
         inbox = Inbox(authkey)
@@ -405,6 +428,7 @@ class EBRLScheduler:
         manager: RunTimeManager | None = None
         to_stages: manage.Links | None = None  # the manager's links to gen and learner
         try:
+            self.set_quotas(ctx.factory.cfg)
             options = self.placement(roles, backend, ctx.run_dir)
 
             def spawn(name: str, role: str, cls: type, *args: Any) -> Any:
@@ -470,6 +494,10 @@ class EBRLScheduler:
             opened = [h.open() for h in learners]  # (inbox, rendezvous, board spec) each
             for h, (address, _, _) in zip(learners, opened, strict=True):
                 book[h.name] = address
+            gpu_roles = (gens if self.gen_gpus > 0 else []) + (
+                learners if self.learner_gpus > 0 else []
+            )
+            self._record_gpu_env(gpu_roles, ctx.run_dir)
             _, dist, board = opened[0]  # the leader's
             links = wire(roles, book, board, dist)
             for h in handles:
@@ -494,15 +522,24 @@ class EBRLScheduler:
             if to_stages is not None:
                 to_stages.close()
             self._shutdown(inbox, handles, backend, slots, book, authkey, ctx.timeline, unread)
-            if self.mps is not None:  # after its clients: the roles' processes are gone
-                self.mps.stop()
-                self.mps = None
+            self.stop_mps()  # already stopped by _shutdown, unless it failed before
+
+    def set_quotas(self, cfg: Any) -> dict[str, int | None]:
+        """Each role's SM quota for this run (``sharing.quotas``: ``resources.gen_sm_pct`` /
+        ``train_sm_pct`` where pinned, else the role's GPU share), checked
+        (``sharing.check_quotas``) and kept as ``quotas``."""
+        node = (cfg.get("resources") if cfg is not None else None) or {}
+        gen_pct, train_pct = node.get("gen_sm_pct"), node.get("train_sm_pct")
+        sharing.check_quotas(self.gen_gpus, self.learner_gpus, gen_pct, train_pct)
+        self.quotas = sharing.quotas(self.gen_gpus, self.learner_gpus, gen_pct, train_pct)
+        return self.quotas
 
     def placement(self, roles: Roles, backend: Any, run_dir: Path | None = None) -> dict[str, dict]:
         """Where each worker runs (Ray actor options by worker name; none in-process): env
         workers on the node of the replica they feed, replicas and learner ranks with the GPU
-        shares they ask for (``ebrl.runtime.placement``). Logged, written to the run folder's
-        ``placement.txt``, and kept as ``placed``."""
+        shares they ask for (``ebrl.runtime.placement``), each role with an SM quota given it
+        and its node's MPS pipe directory (:meth:`start_mps`). Logged, written to the run
+        folder's ``placement.txt``, and kept as ``placed``."""
         self.placed: list[Placement] = []
         if not isinstance(backend, RayBackend):
             return {}
@@ -519,65 +556,116 @@ class EBRLScheduler:
             Ask("learner", i, gpus=self.learner_gpus, resources=res.get("learner") or {})
             for i in range(roles.ranks)
         ]
-        self.placed = place(asks, cluster_nodes())
-        table = describe(self.placed)
+        keys = {"gen": "scale.gen_gpus", "learner": "scale.learner_gpus"}
+        self.placed = place(asks, cluster_nodes(), gpu_setting=keys)
+        quotas = self.quotas or sharing.quotas(self.gen_gpus, self.learner_gpus)
+        quota = {p.ask: quotas.get(p.role) for p in self.placed if p.ask.gpus > 0}
+        per_gpu: dict[tuple[str, int], list[tuple[str, int]]] = {}
+        for p in self.placed:
+            if quota.get(p.ask) is not None:
+                for slot in p.gpu_slots:
+                    per_gpu.setdefault((p.node.short, slot), []).append((p.ask.name, quota[p.ask]))
+        if over := sharing.over_subscribed(per_gpu):
+            raise ValueError(
+                f"SM quotas past 100% of a GPU ({'; '.join(over)}): lower "
+                "resources.gen_sm_pct / train_sm_pct, or the GPU shares (scale.gen_gpus, "
+                "scale.learner_gpus) so fewer roles share a GPU"
+            )
+        table = describe(self.placed, sm_pct=quota)
         log.info("placement:\n%s", table)
         if run_dir is not None:
             run_dir.mkdir(parents=True, exist_ok=True)
             (run_dir / "placement.txt").write_text(table + "\n")
-        self.mps = self.start_mps(len({p.node.node_id for p in self.placed}))
-        pipe = self.mps.pipe_dir if self.mps is not None else None
-        names = {"sim": sim_name, "gen": gen_name, "learner": learner_name}
-        return {names[p.ask.role](p.ask.index): ray_options(p, mps_pipe=pipe) for p in self.placed}
-
-    def start_mps(
-        self,
-        nodes: int,
-        which: Any = shutil.which,
-        daemons: Any = find_control_daemons,
-        make: Any = MPSDaemon,
-    ) -> MPSDaemon | None:
-        """A private MPS control daemon for this run, where its roles take shares of a GPU.
-
-        A share below one GPU becomes an SM quota (``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE``) only
-        under an MPS daemon; without one the roles' processes time-slice the GPU, one kernel
-        stream at a time, and the planner's shares mean nothing. Started where the run's Ray
-        is its own (one node, no ``ray_address``), no daemon already serves this user (a site's
-        or the user's own: the roles join that one by its ``CUDA_MPS_PIPE_DIRECTORY``) and the
-        control binary is installed; stopped when the run ends. Elsewhere, a warning says the
-        shares will time-slice and what to do. ``which``, ``daemons`` and ``make`` are for tests.
-        """
-        shares = any(0 < s < 1 for s in (self.gen_gpus, self.learner_gpus))
-        if not shares or self.ray_address is not None:
-            return None
-        if os.environ.get("CUDA_MPS_PIPE_DIRECTORY") or daemons():
-            log.info("GPU shares: the roles join the MPS daemon already running")
-            return None
-        why = ""
-        if nodes > 1:
-            why = f"the roles span {nodes} nodes: start an MPS daemon on each"
-        elif which(MPS_CONTROL) is None:
-            why = f"no {MPS_CONTROL} here: install the NVIDIA driver's MPS tools"
-        else:
-            daemon = make()
-            try:
-                daemon.start()
-                return daemon
-            except MPSError as e:
-                why = f"the MPS daemon did not start ({e})"
-        log.warning(
-            "GPU shares below one GPU (scheduler.gen_gpus=%s, learner_gpus=%s) become SM quotas "
-            "only under an MPS daemon, and %s; until then the roles time-slice the GPU (or give "
-            "each role whole GPUs)",
-            self.gen_gpus,
-            self.learner_gpus,
-            why,
+        pipes = self.start_mps(
+            {p.node.node_id: p.node.address for p in self.placed if quota.get(p.ask)}
         )
-        return None
+        names = {"sim": sim_name, "gen": gen_name, "learner": learner_name}
+        return {
+            names[p.ask.role](p.ask.index): ray_options(
+                p, sm_pct=quota.get(p.ask), mps_pipe=pipes.get(p.node.node_id)
+            )
+            for p in self.placed
+        }
+
+    def start_mps(self, nodes: dict[str, str]) -> dict[str, str]:
+        """An MPS control daemon, started or joined, on each of ``nodes`` (node id -> address:
+        those that host a role with an SM quota): one small Ray actor pinned to each machine
+        (``ebrl.resources.mps``), stopped after the roles (:meth:`stop_mps`), and by its keeper
+        if the driver dies. Sets ``sharing``; where a node has no daemon, warns once (what to
+        install or enable): its roles time-slice the GPU.
+
+        Returns:
+            node id -> the pipe directory of the daemon serving it.
+        """
+        gpu_roles = any(p.ask.gpus > 0 for p in self.placed)
+        self.sharing = sharing.Sharing.whole if gpu_roles else None
+        self._unlogged_sharing = self.sharing
+        if not nodes:
+            return {}
+        self.mps = ClusterMPS(self.mps_control)
+        try:
+            states = self.mps.start(nodes)
+            missing = [s.why for s in dict.fromkeys(states.values()) if not s.serves]
+        except Exception as e:  # an actor that could not start: the run goes on, time-sliced
+            missing = [f"the MPS keepers did not start ({type(e).__name__}: {e})"]
+        self.sharing = sharing.Sharing.time_sliced if missing else sharing.Sharing.mps
+        self._unlogged_sharing = self.sharing
+        if missing:
+            why = "; ".join(missing)
+            log.warning(sharing.time_sliced_warning(why, self.gen_gpus, self.learner_gpus))
+        return self.mps.pipes()
+
+    def stop_mps(self) -> None:
+        """Quit the daemons this run started (after their clients, the roles, are gone)."""
+        if self.mps is not None:
+            self.mps.stop()
+            self.mps = None
+
+    def _record_gpu_env(self, handles: list, run_dir: Path | None) -> None:
+        """Each GPU role's process reports the sharing variables it runs with (its SM quota,
+        its MPS pipe directory, its GPUs); logged and appended to the run folder's
+        ``gpu_env.jsonl``: what every role got, read from inside it."""
+        rows = []
+        for h in handles:
+            actor = getattr(h, "actor", None)
+            if actor is None:
+                continue
+            try:
+                rows.append({"worker": h.name, **record_role_env(actor)})
+            except Exception as e:  # a record must never stop a run
+                log.warning("%s: its GPU environment could not be read (%s)", h.name, e)
+        if not rows:
+            return
+        for row in rows:
+            log.info("GPU role %s", row)
+        if run_dir is not None:
+            with open(run_dir / "gpu_env.jsonl", "a") as f:
+                for row in rows:
+                    f.write(json.dumps(row) + "\n")
 
     def _device(self, role: str) -> str:
-        """Where a role's stage computes: a GPU when it asks for a share of one."""
-        return "cuda" if getattr(self, f"{role}_gpus", 0.0) > 0 else "cpu"
+        """Where a role's stage computes: a GPU when it asks for a share of one (``device``:
+        another place for them all)."""
+        if getattr(self, f"{role}_gpus", 0.0) <= 0:
+            return "cpu"
+        return self.device or "cuda"
+
+    def _local_gpus(self) -> int | None:
+        """GPUs for the Ray instance this run starts: the ones NVML shows this process
+        (``CUDA_VISIBLE_DEVICES`` narrows them) where a role asks for a GPU; None (Ray
+        detects them) otherwise, or when joining a cluster (its nodes say what they have)."""
+        if self.ray_address != "local" or (self.gen_gpus <= 0 and self.learner_gpus <= 0):
+            return None
+        from ebrl.utilisation import _nvml, visible_gpus
+
+        nvml = _nvml()
+        if nvml is None:
+            return 0
+        try:
+            return len(visible_gpus(nvml))
+        finally:
+            with contextlib.suppress(Exception):
+                nvml.nvmlShutdown()
 
     def _relay(
         self,
@@ -620,6 +708,9 @@ class EBRLScheduler:
                     if choice is not None:  # the first report carries the shape search's outcome
                         params = choice.params()
                         metrics.update(choice.metrics())
+                    if self._unlogged_sharing is not None:  # and how the GPUs were shared
+                        params[sharing.TAG] = str(self._unlogged_sharing)
+                        self._unlogged_sharing = None
                     yield IterationReport(m.iteration, m.env_steps, metrics, params, arrived)
                 elif isinstance(m, Telemetry):
                     for span in m.spans:
@@ -728,6 +819,8 @@ class EBRLScheduler:
                 h.stop()
             except Exception as e:  # keep shutting the others down
                 log.warning("stopping %s: %s", h.name, e)
+        with contextlib.suppress(Exception):  # after its clients, before Ray goes
+            self.stop_mps()
         with contextlib.suppress(Exception):
             _keep_last_spans(inbox, timeline, list(unread))
         with contextlib.suppress(Exception):

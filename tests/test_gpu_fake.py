@@ -1,0 +1,423 @@
+"""GPU SM shares through the shipped entry point, on a fake GPU layer (issue 42).
+
+``python -m ebrl.train`` runs the headline's GPU scale point (``+axis/scale=g1 gpu=h100``: a
+generator and a learner each with half of one H100) against:
+
+- a fake NVML: a ``pynvml`` module first on the run's ``PYTHONPATH`` that shows one H100. The
+  run's hardware check sees it, and the Ray instance the run starts declares the GPUs NVML
+  shows (``num_gpus``), so Ray places the roles' GPU shares on it;
+- a fake ``nvidia-cuda-mps-control`` first on ``PATH``: ``-d`` forks a daemon that lives until a
+  client sends ``quit``; each start and quit is appended to a log the test reads;
+- ``scheduler.device=cpu``: torch here cannot use a GPU, so the roles compute on the cores
+  (the documented dry run of a GPU configuration). Everything else is the GPU path.
+
+The fake daemon cannot see CUDA clients; each GPU role's process reports the sharing variables
+it runs with (``gpu_env.jsonl`` in the run folder, read inside the process), and the test holds
+those against the daemon's pipe directory.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from ebrl.config import ConfigError, validate
+from ebrl.hardware import MachineFacts
+from ebrl.train import _refuse_unwired_resources
+
+from .conftest import TINY, make_cfg
+
+mlflow = pytest.importorskip("mlflow")
+ROOT = Path(__file__).resolve().parents[1]
+H100 = "NVIDIA H100 80GB HBM3"
+
+FAKE_NVML = '''
+"""A fake pynvml: GPUs named by FAKE_NVML_GPUS (comma-separated; empty: none)."""
+import os
+
+
+class NVMLError(Exception):
+    pass
+
+
+class NVMLError_NotSupported(NVMLError):
+    pass
+
+
+class _Obj:
+    def __init__(self, **kw):
+        self.__dict__.update(kw)
+
+
+def _names():
+    return [n for n in os.environ.get("FAKE_NVML_GPUS", "").split(",") if n]
+
+
+def nvmlInit():
+    pass
+
+
+def nvmlShutdown():
+    pass
+
+
+def nvmlDeviceGetCount():
+    return len(_names())
+
+
+def nvmlDeviceGetHandleByIndex(i):
+    if not 0 <= i < len(_names()):
+        raise NVMLError("invalid index")
+    return i
+
+
+def nvmlDeviceGetName(h):
+    return _names()[h]
+
+
+def nvmlDeviceGetUUID(h):
+    return f"GPU-fake-{h}"
+
+
+def nvmlDeviceGetMigMode(h):
+    return (0, 0)
+
+
+def nvmlDeviceGetCudaComputeCapability(h):
+    return (9, 0)
+
+
+def nvmlDeviceGetAttributes(h):
+    return _Obj(multiprocessorCount=132)
+
+
+def nvmlDeviceGetMemoryInfo(h):
+    return _Obj(total=80 * 2**30, used=0, free=80 * 2**30)
+
+
+def nvmlDeviceGetUtilizationRates(h):
+    return _Obj(gpu=0, memory=0)
+
+
+def __getattr__(name):
+    """Every other NVML call (PCI info, GPM, power ...): not supported by this GPU."""
+    if not name.startswith("nvml"):
+        raise AttributeError(name)
+
+    def unsupported(*args, **kwargs):
+        raise NVMLError_NotSupported(name)
+
+    return unsupported
+'''
+
+FAKE_CONTROL = r"""
+import os, signal, subprocess, sys, time
+
+pipe = os.environ.get("CUDA_MPS_PIPE_DIRECTORY", "/tmp/nvidia-mps")
+log = os.environ["FAKE_MPS_LOG"]
+pidfile = os.path.join(pipe, "fake-daemon.pid")
+args = sys.argv[1:]
+
+
+def record(line):
+    with open(log, "a") as f:
+        f.write(line + "\n")
+
+
+if args[:1] == ["--serve"]:  # the daemon itself: lives until SIGTERM
+    while True:
+        time.sleep(0.1)
+elif args == ["-d"]:  # like the real one: fork a daemon and return
+    p = subprocess.Popen(
+        [sys.executable, __file__, "--serve"],
+        start_new_session=True,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    with open(pidfile, "w") as f:
+        f.write(str(p.pid))
+    record(f"start {p.pid} {pipe}")
+else:  # a client: read commands
+    for line in sys.stdin:
+        if line.strip() == "quit":
+            record(f"quit {pipe}")
+            os.kill(int(open(pidfile).read()), signal.SIGTERM)
+"""
+
+
+def fake_gpu_layer(tmp_path: Path, mps: bool = True, gpus: str = H100) -> dict[str, str]:
+    """The environment of a run on the fake GPU layer (fake NVML; the fake MPS control binary
+    on PATH when ``mps``)."""
+    nvml = tmp_path / "fake_nvml"
+    nvml.mkdir()
+    (nvml / "pynvml.py").write_text(FAKE_NVML)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    if mps:
+        control = bin_dir / "nvidia-cuda-mps-control"
+        control.write_text(f"#!{sys.executable}\n{FAKE_CONTROL}")
+        control.chmod(control.stat().st_mode | stat.S_IXUSR)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CUDA_")}
+    env.update(
+        PATH=f"{bin_dir}{os.pathsep}{env.get('PATH', '')}",
+        PYTHONPATH=os.pathsep.join([str(nvml), str(ROOT), env.get("PYTHONPATH", "")]),
+        FAKE_NVML_GPUS=gpus,
+        FAKE_MPS_LOG=str(tmp_path / "mps.log"),
+    )
+    return env
+
+
+def command(tmp_path: Path, *extra: str, iterations: int = 3) -> list[str]:
+    over = [o for o in TINY if not o.startswith("budget.iterations")]
+    return [
+        sys.executable,
+        "-m",
+        "ebrl.train",
+        *over,
+        "scheduler=ebrl",
+        "+axis/scale=g1",  # the headline's GPU point: gen and learner half a GPU each
+        "gpu=h100",
+        "scheduler.device=cpu",  # torch here has no GPU: the roles compute on the cores
+        "scheduler.sim_workers=2",
+        "num_envs=4",
+        f"budget.iterations={iterations}",
+        f"run_dir={tmp_path / 'run'}",
+        f"tracking.store={tmp_path / 'mlflow'}",
+        *extra,
+    ]
+
+
+def mps_log(tmp_path: Path) -> list[list[str]]:
+    path = tmp_path / "mps.log"
+    return [ln.split() for ln in path.read_text().splitlines()] if path.exists() else []
+
+
+def alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def gone_within(pids: list[int], seconds: float) -> list[int]:
+    deadline = time.monotonic() + seconds
+    while any(alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return [p for p in pids if alive(p)]
+
+
+def role_envs(tmp_path: Path) -> dict[str, dict]:
+    rows = (tmp_path / "run" / "gpu_env.jsonl").read_text().splitlines()
+    return {r["worker"]: r for r in map(json.loads, rows)}
+
+
+def sharing_param(tmp_path: Path) -> str | None:
+    client = mlflow.tracking.MlflowClient(f"sqlite:///{tmp_path / 'mlflow' / 'mlflow.db'}")
+    (exp,) = [e for e in client.search_experiments() if e.name != "Default"]
+    (run,) = client.search_runs([exp.experiment_id])
+    return run.data.params.get("gpu/sharing")
+
+
+def run_train(tmp_path: Path, env: dict[str, str], *extra: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        command(tmp_path, *extra),
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+
+
+# --- the default path: one node, Ray started by the run -------------------------------------
+@pytest.mark.slow  # Ray and four roles: 2-3 min on a loaded 2-core machine; make test-slow
+@pytest.mark.parametrize(
+    ("extra", "quotas"),
+    [
+        ((), {"gen": "50", "learner": "50"}),  # unpinned: the roles' GPU shares
+        (("resources.gen_sm_pct=70", "resources.train_sm_pct=30"), {"gen": "70", "learner": "30"}),
+    ],
+    ids=["shares", "pinned"],
+)
+def test_g1_on_one_node_starts_one_daemon_every_gpu_role_gets_its_quota_and_none_is_left(
+    tmp_path, extra, quotas
+):
+    p = run_train(tmp_path, fake_gpu_layer(tmp_path), *extra)
+    assert p.returncode == 0, p.stderr[-3000:]
+    log = mps_log(tmp_path)
+    starts = [ln for ln in log if ln[0] == "start"]
+    assert len(starts) == 1, log  # one node, one daemon
+    _, pid, pipe = starts[0]
+    assert ["quit", pipe] in log  # stopped at the end
+    assert gone_within([int(pid)], 10) == []
+    envs = role_envs(tmp_path)
+    assert set(envs) == {"gen", "learner"}
+    for role, want in quotas.items():
+        assert envs[role]["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == want, envs[role]
+        assert envs[role]["CUDA_MPS_PIPE_DIRECTORY"] == pipe, envs[role]
+        assert envs[role]["CUDA_VISIBLE_DEVICES"] == "0"  # Ray gave it the declared GPU
+    rows = [ln.split() for ln in (tmp_path / "run" / "placement.txt").read_text().splitlines()]
+    table = {r[0]: r[5] for r in rows if r and r[0] in quotas}  # role -> its "mps %" column
+    assert table == quotas
+    assert sharing_param(tmp_path) == "mps"
+
+
+@pytest.mark.slow  # 1.5-3 min on a loaded 2-core machine; make test-slow
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["sigterm", "driver_kill"])
+def test_no_daemon_is_left_after_the_driver_is_stopped_or_killed(tmp_path, sig):
+    """The no-orphan rule of tests/test_faults.py for the MPS daemon: after SIGTERM the driver
+    quits it; after SIGKILL (nothing of the driver runs) the keeper quits it when its pipe
+    closes."""
+    env = fake_gpu_layer(tmp_path)
+    proc = subprocess.Popen(
+        command(tmp_path, iterations=10_000),
+        env=env,
+        cwd=tmp_path,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 180
+        while not (tmp_path / "run" / "gpu_env.jsonl").exists():
+            assert proc.poll() is None, proc.stderr.read()[-3000:]
+            assert time.monotonic() < deadline, "the roles never started"
+            time.sleep(0.2)
+        (start,) = [ln for ln in mps_log(tmp_path) if ln[0] == "start"]
+        assert alive(int(start[1]))
+        proc.send_signal(sig)
+        proc.wait(timeout=90)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert gone_within([int(start[1])], 20) == [], "the MPS daemon outlived the run"
+    assert ["quit", start[2]] in mps_log(tmp_path)
+
+
+@pytest.mark.slow  # 1.5-3 min on a loaded 2-core machine; make test-slow
+def test_without_mps_the_run_warns_once_names_the_fix_and_records_time_slicing(tmp_path):
+    p = run_train(tmp_path, fake_gpu_layer(tmp_path, mps=False))
+    assert p.returncode == 0, p.stderr[-3000:]
+    said = p.stdout + p.stderr  # the run's log goes to stdout (Hydra's console handler)
+    warned = [ln for ln in said.splitlines() if "time-slice the GPU" in ln]
+    assert len(warned) == 1, said[-3000:]
+    assert "nvidia-cuda-mps-control" in warned[0] and "enable MIG" in warned[0]
+    envs = role_envs(tmp_path)
+    assert envs["gen"]["CUDA_MPS_PIPE_DIRECTORY"] is None
+    assert sharing_param(tmp_path) == "time-sliced"
+
+
+# --- refused before any work ------------------------------------------------------------------
+G1 = ["scheduler=ebrl", "+axis/scale=g1", "gpu=h100", "scheduler.device=cpu"]
+FAKE_H100 = MachineFacts(where="the test machine", gpus=(H100,), cuda=False, cpus=16)
+
+
+def refused(overrides: list[str], *words: str, on: MachineFacts = FAKE_H100) -> str:
+    with pytest.raises(ConfigError) as e:
+        _refuse_unwired_resources(validate(make_cfg(overrides), machine=on))
+    for w in words:
+        assert w in str(e.value), f"{w!r} not in: {e.value}"
+    return str(e.value)
+
+
+def test_quotas_past_one_gpu_are_refused_naming_both_keys():
+    refused(
+        [*G1, "resources.gen_sm_pct=70", "resources.train_sm_pct=40"],
+        "resources.gen_sm_pct=70",
+        "resources.train_sm_pct=40",
+        "110%",
+        "at most 100",
+    )
+
+
+def test_an_unpinned_quota_counts_as_the_roles_share():
+    refused([*G1, "resources.gen_sm_pct=60"], "resources.gen_sm_pct=60", "train_sm_pct=50")
+
+
+def test_a_quota_for_a_role_without_a_gpu_is_refused():
+    refused(
+        ["scheduler=ebrl", "gpu=h100", "scheduler.device=cpu", "resources.gen_sm_pct=50"],
+        "resources.gen_sm_pct=50",
+        "scheduler.gen_gpus=0",
+        "scale.gen_gpus",
+    )
+
+
+@pytest.mark.parametrize("pct", [0, 101])
+def test_a_quota_outside_0_100_is_refused(pct):
+    with pytest.raises(ConfigError, match=rf"resources.gen_sm_pct={pct}"):
+        validate(make_cfg([*G1, f"resources.gen_sm_pct={pct}"]), machine=FAKE_H100)
+
+
+def test_pinned_quotas_that_fit_are_taken_under_ebrl_and_its_baselines():
+    for sched in ("ebrl", "async", "hybrid"):
+        over = ["+axis/scale=g1", "gpu=h100", f"scheduler={sched}"]
+        over += ["resources.gen_sm_pct=70", "resources.train_sm_pct=30"]
+        run = validate(make_cfg(over), machine=MachineFacts(gpus=(H100,), cuda=True, cpus=16))
+        _refuse_unwired_resources(run)
+
+
+def test_gpu_shares_without_a_gpu_are_refused_before_any_work(tmp_path):
+    """NVML sees no GPU: the run stops at the hardware check, naming the fix."""
+    env = fake_gpu_layer(tmp_path, gpus="")
+    p = run_train(tmp_path, env)
+    assert p.returncode != 0
+    assert "no NVIDIA GPU" in p.stderr and "gpu=cpu" in p.stderr, p.stderr[-2000:]
+    assert not (tmp_path / "mlflow" / "mlflow.db").exists() or sharing_param_absent(tmp_path)
+    assert mps_log(tmp_path) == []
+
+
+def sharing_param_absent(tmp_path: Path) -> bool:
+    client = mlflow.tracking.MlflowClient(f"sqlite:///{tmp_path / 'mlflow' / 'mlflow.db'}")
+    return all(e.name == "Default" for e in client.search_experiments())
+
+
+# --- a Ray cluster of two nodes ---------------------------------------------------------------
+@pytest.mark.slow  # a 2-node Ray cluster and a run: ~3 min on a loaded 2-core machine
+def test_on_a_two_node_cluster_every_machine_has_one_daemon_and_every_gpu_role_its_pipe(
+    tmp_path, monkeypatch
+):
+    """The driver joins a cluster (``scheduler.ray_address``) whose two nodes declare a GPU
+    each: roles with SM quotas land on both. Both Ray nodes are this machine, which has one MPS
+    daemon per user: one keeper starts it and the roles of both nodes join it."""
+    from ray.cluster_utils import Cluster
+
+    env = fake_gpu_layer(tmp_path)
+    for key in ("PATH", "FAKE_MPS_LOG"):  # the nodes' raylets, and so the keepers, see these
+        monkeypatch.setenv(key, env[key])
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "num_gpus": 1})
+    cluster.add_node(num_cpus=2, num_gpus=1)
+    try:
+        p = run_train(
+            tmp_path,
+            env,
+            f"scheduler.ray_address={cluster.address}",
+            "scale.gen_replicas=2",  # the learner and one replica on one node, one on the other
+        )
+        assert p.returncode == 0, p.stderr[-3000:]
+    finally:
+        cluster.shutdown()
+    rows = [ln.split() for ln in (tmp_path / "run" / "placement.txt").read_text().splitlines()]
+    nodes = {r[2] for r in rows if r and r[0] in ("gen", "learner")}
+    assert len(nodes) == 2, rows  # GPU roles on both nodes
+    log = mps_log(tmp_path)
+    starts = [ln for ln in log if ln[0] == "start"]
+    assert len(starts) == 1, log
+    _, pid, pipe = starts[0]
+    assert ["quit", pipe] in log and gone_within([int(pid)], 10) == []
+    envs = role_envs(tmp_path)
+    assert set(envs) == {"gen", "gen1", "learner"}
+    assert {e["CUDA_MPS_PIPE_DIRECTORY"] for e in envs.values()} == {pipe}
+    assert {e["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] for e in envs.values()} == {"50"}
