@@ -57,8 +57,16 @@ def test_a_cpu_level_that_is_not_a_thread_count_is_refused_by_name(
 ):
     with pytest.raises(SystemExit) as done:
         measure.main(
-            ["--device", "cpu", "--levels", levels, "--out", str(tmp_path / "p.json"),
-             "--samples", "8"]
+            [
+                "--device",
+                "cpu",
+                "--levels",
+                levels,
+                "--out",
+                str(tmp_path / "p.json"),
+                "--samples",
+                "8",
+            ]
         )
     assert done.value.code == 2 and not captured
     err = capsys.readouterr().err
