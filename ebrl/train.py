@@ -834,6 +834,10 @@ def _task_overrides() -> list[str]:
 
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="config")
 def main(cfg: DictConfig) -> None:
+    # Ray (2.60) turns token authentication on for a private instance when RAY_AUTH_MODE is
+    # unset, and warns that it did at every start; saying so here (as the Slurm cluster's
+    # nodes do, ebrl.runtime.slurm_cluster) keeps that mode without the warning
+    os.environ.setdefault("RAY_AUTH_MODE", "token")
     try:
         check_override_order(_task_overrides())
         s = train(cfg)
