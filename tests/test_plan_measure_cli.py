@@ -71,3 +71,35 @@ def test_a_cpu_level_that_is_not_a_thread_count_is_refused_by_name(
     assert done.value.code == 2 and not captured
     err = capsys.readouterr().err
     assert f"--levels {levels}" in err and "torch thread counts" in err
+
+
+def _cpu_profile(path: Path, threads: float) -> Path:
+    """A CPU profile measured at one thread count only (as a run's profile is)."""
+    rec = {
+        "device": "cpu",
+        "level": threads,
+        "publish_s": 0.001,
+        "load_s": 0.001,
+        "state_bytes": 1e5,
+        "gen": [{"batch": b, "seconds": 0.002 + 0.0005 * b, "busy": 1.0} for b in (1, 16)],
+        "train": [{"samples": n, "seconds": 0.05 + 0.001 * n, "busy": 1.0} for n in (8, 64)],
+    }
+    measure.assemble([rec], [0.01, 0.012, 0.02], 1.0, 4, None, "test: one thread").save(path)
+    return path
+
+
+def test_a_cpu_profile_at_one_thread_plans_at_its_threads_unless_asked(tmp_path, capsys):
+    """A profile from a run has the run's threads only: the plan takes those where the workload
+    does not name its own, and says so; asked for threads it lacks, it says how to get them."""
+    from ebrl.plan.cli import main as plan
+
+    prof = _cpu_profile(tmp_path / "p.json", 1.0)
+    assert plan(["--profile", str(prof), "--machine", "cpu", "--set", "num_envs=8"]) == 0
+    out = capsys.readouterr().out
+    assert "note: the profile has threads [1]: planning gen+train threads sync 1+1" in out
+    assert "colocated 1+1" in out and "hybrid 1+1" in out
+    assert all(f"| {name} |" in out for name in ("sync", "colocated", "hybrid", "async", "ebrl"))
+    code = plan(["--profile", str(prof), "--machine", "cpu", "--set", "train_threads=2"])
+    err = capsys.readouterr().err
+    assert code == 2 and "--set gen_threads=1 train_threads=1" in err
+    assert "ebrl.plan.measure --device cpu --levels 1,2" in err
