@@ -13,7 +13,7 @@ export VK_ICD_FILENAMES ?= $(abspath $(VULKAN))
 export PYTHONUNBUFFERED := 1
 SEEDS ?= 0,1,2
 
-.PHONY: help setup compile-model setup-libero run train test test-slow test-faults test-rliable test-gpu test-rlinf test-openpi test-slurm lint format bench-sim bench-learn learn-report late-eval bench-sched bench-alloc bench-soak table-libero clean
+.PHONY: help setup compile-model setup-libero run train test test-readme test-slow test-faults test-rliable test-gpu test-rlinf test-openpi test-slurm lint format bench-sim bench-learn learn-report late-eval bench-sched bench-alloc bench-soak table-libero clean
 
 help:
 	@echo "make run        set up, then the main job: EBRL vs Colocated/Hybrid/Async, 3 seeds (~10 min)"
@@ -41,6 +41,9 @@ help:
 	@echo "make ui [UI_PORT=5000]   the MLflow UI on 127.0.0.1 over outputs/mlflow"
 	@echo "make mlflow-server [HOST=127.0.0.1] [PORT=5000]   a tracking server for multi-node sweeps; prints the TRACKING_URI=... to give targets"
 	@echo "make fig-motivation [SIZE=cpu|full]   the paper's motivation measurements beside ours (CPU ~17 min; SIZE=full: a dry run)"
+	@echo "make plan [PROFILE=<file>] [MACHINE=cpu|cluster|scale/g<N>|<file>] [VALIDATE=1] [OUT=<dir>]"
+	@echo "               the capacity planner: every scheduler predicted, no run started (into outputs/plan/)"
+	@echo "make test-readme  every command README.md shows, run as written with tiny budgets"
 
 setup: $(STAMP) $(VULKAN) $(MODEL_BUILT)
 
@@ -78,17 +81,19 @@ $(LIBERO_CONFIG): $(STAMP) pyproject.toml scripts/setup_libero.sh
 
 # The main job: the CPU-sized headline comparison on the embedded default (PushCube-v1, the
 # VLA-shaped transformer, chunks of 4): EBRL against the Colocated, Hybrid and Async replicas,
-# 3 seeds each, one after another (~10 min on 2 cores), then the table and figure.
+# 3 seeds each, one after another (~10 min on 2 cores), then the table and figure. RUN_SEEDS,
+# RUN_ITERS (updates per run, 3 of them warm-up) and RUN_CONFIGS make it smaller.
 MAIN = outputs/main/$(NOW)
 RUN_SEEDS ?= 0,1,2
 RUN_ITERS ?= 10
+RUN_CONFIGS ?= colocated,hybrid,async,ebrl
 run: setup
-	$(PY) benchmarks/scheduler_throughput.py --configs colocated,hybrid,async,ebrl \
+	$(PY) benchmarks/scheduler_throughput.py --configs $(RUN_CONFIGS) \
 	  --seeds $(RUN_SEEDS) --iterations $(RUN_ITERS) --experiment main-$(NOW) --out $(MAIN)
 	$(PY) -m analysis.export --uri $(_URI) --experiment main-$(NOW) --out $(MAIN)/export \
 	  --traces > /dev/null
 	$(PY) -m analysis.report --runs $(MAIN)/export --kind headline --out $(MAIN)/report \
-	  --config-cols simulator,policy
+	  --config-cols simulator,policy > /dev/null
 	@echo; echo "runs and table: $(MAIN)/table.md   figures: $(MAIN)/report/"; \
 	  echo "MLflow store: $(MLFLOW_STORE) (experiment main-$(NOW)); browse it with: make ui"
 
@@ -98,6 +103,12 @@ train: setup
 
 test: setup setup-libero
 	$(PY) -m pytest -q
+
+# Every command README.md shows, run as README writes it, with tiny budgets appended
+# (tests/test_readme_commands.py; a block marked <!-- needs: ... --> is skipped, its reason
+# printed); prints what ran, what was skipped and the time it took.
+test-readme: setup setup-libero
+	EBRL_README_TEST=1 $(PY) -m pytest -q -s -rs -p no:cacheprovider tests/test_readme_commands.py
 
 # the slower checks outside the default run (a 2-node Ray cluster's placement, ...); CI runs them
 test-slow: setup setup-libero
@@ -359,19 +370,21 @@ else
 	$(PY) -m analysis.motivation --runs $(_MOT_OUT) --out results/motivation-$(SIZE)
 endif
 
-# make plan [PROFILE=<file>] [MACHINE=cpu|cluster|scale/g<N>|<file>] [VALIDATE=1] [ARGS=...]: the
-# capacity planner (README.md, "Planning capacity"; a few seconds to a minute, no run is started).
-# Without MACHINE: every scheduler on the paper's headline and scaling configurations from PROFILE
-# (default: conf/plan/example_gpu_profile.json, ILLUSTRATIVE, not measured) into results/plan/example.
-# With MACHINE: that one configuration (workload fields through ARGS="--set num_envs=64 ...").
-# VALIDATE=1: the model against the committed runs it was not fitted on (results/plan/validation).
+# make plan [PROFILE=<file>] [MACHINE=cpu|cluster|scale/g<N>|<file>] [VALIDATE=1] [OUT=<dir>]
+# [ARGS=...]: the capacity planner (README.md, "Planning capacity"; a few seconds to a minute, no
+# run is started). Without MACHINE: every scheduler on the paper's headline and scaling
+# configurations from PROFILE (default: conf/plan/example_gpu_profile.json, ILLUSTRATIVE, not
+# measured) into outputs/plan/example. With MACHINE: that one configuration (workload fields
+# through ARGS="--set num_envs=64 ..."). VALIDATE=1: the model against the committed runs it was
+# not fitted on, into outputs/plan/validation. The committed answers are under results/plan/:
+# OUT=results/plan/example (or results/plan/validation) writes over them, and only then.
 .PHONY: plan
 PROFILE ?= conf/plan/example_gpu_profile.json
 plan: setup
 ifeq ($(VALIDATE),1)
-	$(PY) benchmarks/plan_validation.py --out results/plan/validation $(ARGS)
+	$(PY) benchmarks/plan_validation.py --out $(or $(OUT),outputs/plan/validation) $(ARGS)
 else ifeq ($(MACHINE),)
-	$(PY) -m ebrl.plan --paper --profile $(PROFILE) --out results/plan/example $(ARGS)
+	$(PY) -m ebrl.plan --paper --profile $(PROFILE) --out $(or $(OUT),outputs/plan/example) $(ARGS)
 else
 	$(PY) -m ebrl.plan --profile $(PROFILE) --machine $(MACHINE) $(ARGS)
 endif

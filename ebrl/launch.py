@@ -16,6 +16,9 @@ Usage::
 The dry run prints, per array: the sbatch parameters (partition, time, nodes, GPUs, CPUs,
 constraint or GRES from the gpu group, ``--array=0-N%P``, requeue), the ``#SBATCH`` header
 Submitit would write, the Hydra command that submits it, and each job's equivalent command.
+Checkpoints a job's VLA reads that are not there yet are listed once, as what to fetch before
+submitting (the rest of each job is checked with them in place; the dry run exits 0); a real
+launch refuses them.
 
 In MLflow a launched sweep is one run with a child per job: before any job starts, a run named
 after the sweep is created in the experiment the jobs log to (tagged ``run_kind=sweep``, the
@@ -32,7 +35,9 @@ from __future__ import annotations
 import argparse
 import contextlib
 import copy
+import dataclasses
 import json
+import logging
 import os
 import shlex
 import signal
@@ -48,7 +53,7 @@ from hydra.core.global_hydra import GlobalHydra
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from ebrl.config import ConfigError, LauncherKind, RunConfig, register, target_machine, validate
-from ebrl.hardware import local_machine
+from ebrl.hardware import MachineFacts, local_machine
 from ebrl.memory import dry_run_lines as memory_lines
 
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
@@ -115,6 +120,29 @@ class JobArray:
         )
 
 
+@dataclass(frozen=True)
+class Fetch:
+    """A checkpoint a job's VLA reads that is not there yet (not given, a hub id, or absent
+    where the paths are known): fetched before submitting, since jobs never download.
+
+    Attributes:
+        hub: the hub id it is downloaded from.
+        policy: the policy option that reads it.
+        key: its ``policy.model_cfg`` key.
+    """
+
+    hub: str
+    policy: str
+    key: str
+
+    def command(self) -> str:
+        """What fetches it (where there is internet)."""
+        if "/" not in self.hub:  # not a hub id (LoRA adapters of the user's own)
+            return f"policy.model_cfg.{self.key}=<a local directory>"
+        tail = self.hub.rstrip("/").rsplit("/", 1)[-1]
+        return f"huggingface-cli download {self.hub} --local-dir $EBRL_CHECKPOINTS/{tail}"
+
+
 @dataclass
 class Plan:
     """What a sweep would run: its arrays and the jobs that fail validation."""
@@ -131,6 +159,8 @@ class Plan:
     roles: dict[int, str] = field(default_factory=dict)
     #: job index -> the MLflow store it logs to (one of ``stores``)
     job_stores: dict[int, tuple[str | None, str, str]] = field(default_factory=dict)
+    #: checkpoint -> the jobs that read it, for the checkpoints to fetch before submitting
+    fetch: dict[Fetch, list[int]] = field(default_factory=dict)
 
     @property
     def n_jobs(self) -> int:
@@ -207,7 +237,14 @@ def submitit_params(launcher: dict[str, Any]) -> tuple[str, dict[str, Any]]:
 
 
 #: (launcher kind, sbatch params, validation error or None, MLflow store or None)
-_Checked = tuple[str, dict[str, Any], str | None, tuple[str | None, str, str] | None, str | None]
+_Checked = tuple[
+    str,
+    dict[str, Any],
+    str | None,
+    tuple[str | None, str, str] | None,
+    str | None,
+    tuple[Fetch, ...],
+]
 
 
 def roles_line(job: dict[str, Any]) -> str:
@@ -258,12 +295,22 @@ def plan(sweep: str, overrides: list[str], out: str | None = None) -> Plan:
     role_lines: dict[int, str] = {}
     stores: set[tuple[str | None, str, str]] = set()
     job_stores: dict[int, tuple[str | None, str, str]] = {}
+    fetch: dict[Fetch, list[int]] = {}
+    once = _Once()  # validate() warns per job; a sweep checks hundreds
+    logging.getLogger("ebrl.config").addFilter(once)
+    try:
+        for ovs in job_lists:
+            key = tuple(o for o in ovs if _key(o) not in _SEED_KEYS)
+            if key not in checked:
+                checked[key] = _check_job(sweep, list(ovs))
+    finally:
+        logging.getLogger("ebrl.config").removeFilter(once)
     for i, ovs in enumerate(job_lists):
         job = Job(index=i, overrides=tuple(ovs))
         key = tuple(o for o in ovs if _key(o) not in _SEED_KEYS)
-        if key not in checked:
-            checked[key] = _check_job(sweep, list(ovs))
-        kind, params, error, store, roles = checked[key]
+        kind, params, error, store, roles, missing = checked[key]
+        for f in missing if error is None else ():
+            fetch.setdefault(f, []).append(i)
         if store is not None:
             stores.add(store)
             job_stores[i] = store
@@ -284,6 +331,7 @@ def plan(sweep: str, overrides: list[str], out: str | None = None) -> Plan:
         stores,
         role_lines,
         job_stores,
+        fetch,
     )
     _label(result)
     return result
@@ -294,7 +342,7 @@ def _check_job(sweep: str, overrides: list[str]) -> _Checked:
     try:
         cfg = _compose([f"+sweep={sweep}", *overrides])
     except Exception as e:  # a group option that does not exist, a wrong key
-        return LauncherKind.local.value, {}, f"does not compose: {e}", None, None
+        return LauncherKind.local.value, {}, f"does not compose: {e}", None, None, ()
     launcher = OmegaConf.to_container(cfg.hydra.launcher, resolve=True)
     kind, params = submitit_params(launcher)  # type: ignore[arg-type]
     tr = cfg.tracking
@@ -311,15 +359,70 @@ def _check_job(sweep: str, overrides: list[str]) -> _Checked:
         with own:
             run: RunConfig = OmegaConf.to_object(job)  # type: ignore[assignment]
             machine = local_machine() if kind != LauncherKind.slurm else target_machine(run)
+            missing, machine = _stand_in_checkpoints(job, machine)
             validate(job, machine=machine)
     except ConfigError as e:
-        return kind, params, str(e), store, None
+        return kind, params, str(e), store, None, ()
     except Exception as e:  # a node's own check (e.g. in __post_init__)
-        return kind, params, f"{type(e).__name__}: {e}", store, None
+        return kind, params, f"{type(e).__name__}: {e}", store, None, ()
     plain: dict = OmegaConf.to_container(job, resolve=True)  # type: ignore[assignment]
     # an RLinf job's own line (its translation); else the roles and each role's memory
     roles = getattr(own, "line", None) or roles_line(plain) + memory_lines(plain)
-    return kind, params, None, store, roles
+    return kind, params, None, store, roles, missing
+
+
+class _Once(logging.Filter):
+    """Lets each distinct message through once."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: set[str] = set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        msg = record.getMessage()
+        new = msg not in self.seen
+        self.seen.add(msg)
+        return new
+
+
+def _stand_in_checkpoints(
+    job: DictConfig, machine: MachineFacts
+) -> tuple[tuple[Fetch, ...], MachineFacts]:
+    """The checkpoints ``job``'s VLA reads that are not there, each replaced in ``job`` by a
+    stand-in path, and the machine that takes those paths as present: validate() then checks
+    everything else about the job, and a preview lists what to fetch once, not as an error
+    per job."""
+    from ebrl.external import checkpoint_problem, local_dirs
+
+    pol = job.get("policy")
+    if not isinstance(pol, DictConfig) or "checkpoint" not in pol:
+        return (), machine
+    real = machine.path_exists
+    stand_ins: set[str] = set()
+
+    def exists(path: str) -> bool:
+        return path in stand_ins or (real is not None and real(path))
+
+    dirs = local_dirs(pol)
+    missing: list[Fetch] = []
+    with open_dict(pol):
+        for _ in dirs:
+            problem = checkpoint_problem(pol, exists if real is not None else None)
+            if problem is None:
+                break
+            key = next(
+                (k for k in dirs if any(f"policy.model_cfg.{k}{c}" in problem for c in " =")),
+                None,
+            )
+            if key is None:  # not a checkpoint's absence: validate() reports it
+                break
+            stand_in = f"<{dirs[key]}, to fetch>"
+            stand_ins.add(stand_in)
+            pol.model_cfg[key] = stand_in
+            missing.append(Fetch(dirs[key], str(pol.get("name", "?")), key))
+    if real is not None and missing:
+        machine = dataclasses.replace(machine, path_exists=exists)
+    return tuple(missing), machine
 
 
 def prepare_stores(p: Plan) -> None:
@@ -460,6 +563,18 @@ def describe(p: Plan, *, dry_run: bool) -> str:
             "note: the jobs log to a local sqlite MLflow store; from several nodes prefer an "
             "MLflow server on the shared network: tracking.uri=http://<host>:5000",
         ]
+    if p.fetch:
+        lines += [
+            "",
+            f"{len(p.fetch)} checkpoint(s) to fetch before submitting (jobs never download; "
+            "each job was checked with them in place):",
+        ]
+        for f, jobs in p.fetch.items():
+            lines += [f"  {f.hub} (policy={f.policy}, {len(jobs)} jobs): {f.command()}"]
+        lines += [
+            "  then set EBRL_CHECKPOINTS to the folder that holds them (where the jobs can read "
+            "it), or give policy.model_cfg.model_path=<directory>"
+        ]
     if p.errors:
         lines += ["", f"{len(p.errors)} job(s) fail validation (fix before launching):"]
         lines += [f"  [{j.index}] {' '.join(j.overrides)}: {msg}" for j, msg in p.errors]
@@ -484,6 +599,9 @@ def as_json(p: Plan) -> str:
             ],
             "errors": [
                 {"index": j.index, "overrides": list(j.overrides), "error": m} for j, m in p.errors
+            ],
+            "checkpoints_to_fetch": [
+                {**asdict(f), "command": f.command(), "jobs": jobs} for f, jobs in p.fetch.items()
             ],
         },
         indent=2,
@@ -658,6 +776,9 @@ def main(argv: list[str] | None = None) -> int:
     print(describe(p, dry_run=False), flush=True)
     if p.errors:
         print("not launched: fix the jobs above first", file=sys.stderr)
+        return 1
+    if p.fetch:
+        print("not launched: fetch the checkpoints above first", file=sys.stderr)
         return 1
     if any(a.launcher != LauncherKind.local for a in p.arrays):
         prepare_stores(p)  # jobs run side by side

@@ -15,6 +15,7 @@ import logging
 import math
 import os
 import shutil
+import sys
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -47,6 +48,9 @@ from ebrl.tracking import (
 from ebrl.utilisation import UtilisationSampler
 
 log = logging.getLogger("ebrl")
+#: the run's log file only (Hydra's job log, ``train.log``): the run's start, a line per update
+#: and its end; the console shows the progress bar instead
+run_log = logging.getLogger("ebrl.run")
 CONF_DIR = str(Path(__file__).resolve().parents[1] / "conf")
 
 
@@ -311,6 +315,15 @@ def train(cfg: DictConfig) -> Summary:
         run_dir / "progress.json",
         run_dir / "metrics.jsonl",
     )
+    _to_log_file(run_log)
+    run_log.info(
+        "run folder %s: %s on %s, policy %s, budget %d env steps",
+        run_dir,
+        summary.scheduler,
+        summary.simulator,
+        summary.policy,
+        run.budget.env_steps,
+    )
     prog, start_version, unlogged = _resume(run, run_dir, config_hash(cfg))
     np.random.seed(run.seed + prog.iterations)
     torch.manual_seed(run.seed + prog.iterations)
@@ -397,6 +410,14 @@ def train(cfg: DictConfig) -> Summary:
                 with jsonl.open("a") as f:
                     f.write(json.dumps({"iteration": it, **m}) + "\n")
                 _save_progress(prog, prog_path, summary, now, success_hist)
+                run_log.info(
+                    "update %d: %d env steps, %.0f env steps/s, success %s, %.1f s",
+                    it,
+                    summary.env_steps,
+                    m["throughput/env_steps_per_s"],
+                    f"{success_hist[-1]:.2f}" if success_hist else "-",
+                    now,
+                )
                 if bar is not None:
                     bar.update(rep.env_steps)
                     bar.set_postfix(
@@ -447,6 +468,18 @@ def train(cfg: DictConfig) -> Summary:
             _account(run_dir, ckpt_path, start_version, summary, prog, tracker)
             _write_outputs(run_dir, jsonl, summary, timeline, tracker)
     return summary
+
+
+def _to_log_file(logger: logging.Logger) -> None:
+    """Point ``logger`` at the log files the root logger writes (Hydra's job log; none outside
+    Hydra) and not at the console."""
+    logger.propagate = False
+    logger.setLevel(logging.INFO)
+    logger.handlers = [
+        h for h in logging.getLogger().handlers if isinstance(h, logging.FileHandler)
+    ]
+    if not logger.handlers:
+        logger.addHandler(logging.NullHandler())
 
 
 def _sampler(run: RunConfig, run_dir: Path, timeline: Timeline) -> UtilisationSampler | None:
@@ -812,16 +845,23 @@ def _task_overrides() -> list[str]:
 
 @hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="config")
 def main(cfg: DictConfig) -> None:
-    check_override_order(_task_overrides())
+    # Ray (2.60) turns token authentication on for a private instance when RAY_AUTH_MODE is
+    # unset, and warns that it did at every start; saying so here (as the Slurm cluster's
+    # nodes do, ebrl.runtime.slurm_cluster) keeps that mode without the warning
+    os.environ.setdefault("RAY_AUTH_MODE", "token")
     try:
+        check_override_order(_task_overrides())
         s = train(cfg)
+    except ConfigError as e:  # the user's to fix, and it says how: the message, no traceback
+        print(f"ebrl.train: {e}", file=sys.stderr, flush=True)
+        sys.exit(2)
     except Preempted as p:
         # everything is saved and the MLflow run is KILLED: let the signal do what it would
         # have done (Submitit requeues on USR2; Slurm sees a job ended by SIGTERM)
         log.warning("%s: stopped; the same command in the same run folder resumes it", p)
         p.redeliver()
-    print(
-        f"\n{s.scheduler} on {s.simulator}: {s.env_steps} env steps in {s.wall_s:.0f} s, "
+    done = (
+        f"{s.scheduler} on {s.simulator}: {s.env_steps} env steps in {s.wall_s:.0f} s, "
         f"throughput {s.throughput_e2e:.0f} env steps/s (steady state), "
         f"success rate {s.success_rate:.2f} (training episodes)"
         + (
@@ -831,6 +871,8 @@ def main(cfg: DictConfig) -> None:
         )
         + f"\nrun folder: {s.run_dir}"
     )
+    run_log.info("%s", done)
+    print(f"\n{done}")
 
 
 if __name__ == "__main__":

@@ -101,23 +101,73 @@ def test_a_job_that_cannot_run_is_reported_not_submitted(capsys):
     assert "fail validation" in out and "policy=dreamzero" in out and "GiB" in out
 
 
-def test_every_paper_policy_without_its_checkpoint_is_reported_per_job(capsys, monkeypatch):
-    """headline_full's three VLAs (DreamZero is out: RLinf 0.3 cannot train it), checked
-    against the Slurm node each job runs on: without EBRL_CHECKPOINTS (or a model_path) each
-    names its checkpoint and how to get it."""
+PAPER_CHECKPOINTS = (
+    ("pi0", "RLinf/RLinf-Pi0-LIBERO-Spatial-Object-Goal-SFT"),
+    ("gr00t", "RLinf/RLinf-Gr00t-SFT-Spatial"),
+    ("openvla_oft", "RLinf/Openvla-oft-SFT-libero10-trajall"),
+)
+
+
+def test_a_dry_run_without_checkpoints_previews_the_jobs_and_lists_each_checkpoint_once(
+    capsys, monkeypatch
+):
+    """headline_full's three VLAs (DreamZero is out: RLinf 0.3 cannot train it) on a fresh
+    clone, without EBRL_CHECKPOINTS: the preview still shows every job (exit 0), and the
+    checkpoints to fetch before submitting come once each, with the command that fetches it,
+    not once per job."""
     monkeypatch.delenv("EBRL_CHECKPOINTS")
     code, out = dry_run(
-        capsys, "headline_full", "simulator=libero_vla", "scheduler=ebrl", "seed=0", "gpu=h100"
+        capsys, "headline_full", "simulator=libero_vla", "scheduler=ebrl", "seed=0,1", "gpu=h100"
     )
-    assert code == 1 and "fail validation" in out
-    for policy, hub in (
-        ("pi0", "RLinf/RLinf-Pi0-LIBERO-Spatial-Object-Goal-SFT"),
-        ("gr00t", "RLinf/RLinf-Gr00t-SFT-Spatial"),
-        ("openvla_oft", "RLinf/Openvla-oft-SFT-libero10-trajall"),
-    ):
-        assert f"policy={policy}: its checkpoint {hub} is not given" in out, policy
-        assert f"huggingface-cli download {hub} --local-dir" in out
+    assert code == 0, out
+    assert "sweep headline_full: 6 jobs in 1 Slurm job array(s)" in out
+    assert "fail validation" not in out and "is not given" not in out
+    assert "3 checkpoint(s) to fetch before submitting" in out
+    for policy, hub in PAPER_CHECKPOINTS:
+        fetch = f"huggingface-cli download {hub} --local-dir $EBRL_CHECKPOINTS/"
+        assert out.count(fetch) == 1, (policy, out)
+        assert f"{hub} (policy={policy}, 2 jobs)" in out
     assert "policy=dreamzero" not in out
+
+
+def test_the_json_preview_names_the_checkpoints_to_fetch_and_their_jobs(capsys, monkeypatch):
+    monkeypatch.delenv("EBRL_CHECKPOINTS")
+    code, out = dry_run(capsys, "--json", *HEADLINE, "seed=0", "gpu=h100")
+    got = json.loads(out)
+    assert code == 0 and got["n_jobs"] == 1 and not got["errors"]
+    (fetch,) = got["checkpoints_to_fetch"]
+    assert fetch["hub"] == PAPER_CHECKPOINTS[0][1] and fetch["jobs"] == [0]
+    assert fetch["command"].startswith("huggingface-cli download RLinf/RLinf-Pi0-LIBERO")
+
+
+def test_submitting_for_real_still_refuses_missing_checkpoints(capsys, monkeypatch):
+    monkeypatch.delenv("EBRL_CHECKPOINTS")
+    monkeypatch.setattr(launch, "start_sweep_runs", lambda *a: pytest.fail("started a run"))
+    monkeypatch.setattr(launch, "_run_arrays", lambda *a: pytest.fail("submitted"))
+    code = launch.main([*HEADLINE, "seed=0", "gpu=h100"])
+    captured = capsys.readouterr()
+    assert code == 1
+    assert "1 checkpoint(s) to fetch before submitting" in captured.out
+    assert "not launched: fetch the checkpoints above first" in captured.err
+
+
+def test_a_checkpoint_given_is_not_listed(capsys, monkeypatch):
+    """With EBRL_CHECKPOINTS set, the Slurm node's paths are not known from here: nothing to
+    fetch is claimed."""
+    monkeypatch.setenv("EBRL_CHECKPOINTS", "/ckpt")
+    code, out = dry_run(capsys, *HEADLINE, "seed=0", "gpu=h100")
+    assert code == 0 and "to fetch" not in out
+
+
+def test_a_warning_validate_gives_every_job_is_printed_once(capsys, monkeypatch, caplog):
+    import logging
+
+    monkeypatch.delenv("EBRL_CHECKPOINTS")
+    with caplog.at_level(logging.WARNING, logger="ebrl.config"):
+        code, _ = dry_run(capsys, "headline_full", "policy=pi0", "simulator=libero_vla", "seed=0")
+    shares = [r for r in caplog.records if "ask for no GPU share" in r.getMessage()]
+    assert code == 0
+    assert sorted(r.getMessage().split(",")[0] for r in shares) == ["gpu=a100", "gpu=h100"]
 
 
 def test_cpu_sweep_runs_here(capsys):

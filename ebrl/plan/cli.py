@@ -16,6 +16,7 @@ Examples::
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import time
@@ -26,7 +27,13 @@ from typing import Any
 from ebrl.plan.from_run import RunFacts, profile_from_run
 from ebrl.plan.machine import CONF, MachineSpec, from_conf
 from ebrl.plan.profile import Profile, ProfileError
-from ebrl.plan.schedulers import SCHEDULERS, PlanRow, PlanWorkload, plan_one
+from ebrl.plan.schedulers import (
+    SCHEDULERS,
+    PlanRow,
+    PlanWorkload,
+    plan_one,
+    scheduler_threads,
+)
 from ebrl.resources.model import Played
 
 #: the example GPU profile (illustrative, not measured)
@@ -67,6 +74,43 @@ def workload_for(machine_roles: dict[str, Any], base: dict[str, Any]) -> PlanWor
     raw = {k: v for k, v in machine_roles.items() if k in PlanWorkload.__dataclass_fields__}
     raw.update(base)
     return PlanWorkload.from_dict(raw)
+
+
+def at_profile_threads(
+    wl: PlanWorkload, profile: Profile, machine: MachineSpec, asked: dict[str, Any]
+) -> PlanWorkload:
+    """``wl`` at threads a CPU profile measured. A profile from a run has the run's threads
+    only: where a scheduler would take a thread count by default (not in ``asked``) that the
+    profile neither measured nor lies between, it plans at the nearest measured count below
+    (or the lowest) and says so; threads asked for are left to fail by name."""
+    if "threads" in asked:
+        return wl
+
+    def fit(stage: Any, n: int) -> int:
+        levels = stage.levels()
+        if stage.device != "cpu" or levels[0] <= n <= levels[-1]:
+            return n
+        return int(max((lv for lv in levels if lv <= n), default=levels[0]))
+
+    pinned = {f for f in ("gen_threads", "train_threads") if f in asked}
+    threads = dict(wl.threads)
+    for name in SCHEDULERS:
+        g, t = scheduler_threads(name, wl, machine)
+        fitted = (
+            g if "gen_threads" in pinned else fit(profile.gen, g),
+            t if "train_threads" in pinned else fit(profile.train, t),
+        )
+        if fitted != (g, t):
+            threads[name] = fitted
+    if threads == dict(wl.threads):
+        return wl
+    have = sorted({*profile.gen.levels(), *profile.train.levels()})
+    moved = ", ".join(f"{n} {g}+{t}" for n, (g, t) in threads.items() if n not in wl.threads)
+    print(
+        f"note: the profile has threads [{', '.join(f'{lv:g}' for lv in have)}]: planning "
+        f"gen+train threads {moved} (--set gen_threads=... train_threads=... asks for others)"
+    )
+    return dataclasses.replace(wl, threads=threads)
 
 
 def write_gantt(played: Played, path: Path) -> Path:
@@ -303,6 +347,7 @@ def _plan(args: argparse.Namespace) -> int:
     profile = Profile.load(args.profile)
     machine, roles = from_conf(args.machine, **over)
     wl = workload_for(roles, base)
+    wl = at_profile_threads(wl, profile, machine, asked=base)
     t0 = time.perf_counter()
     rows = run_plan(profile, wl, machine, schedulers, seeds, args.updates, args.gantt)
     print(report(f"{args.machine}", profile, wl, machine, rows))

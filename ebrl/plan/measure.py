@@ -6,6 +6,9 @@
         +experiment=embedded
     python -m ebrl.plan.measure --out profile.json --device cpu --levels 1,2 +experiment=embedded
 
+Without ``--device`` it measures the GPU where torch sees one and the CPU otherwise; without
+``--levels``, GPU shares 0.25, 0.5 and 1 (an MPS quota each) or 1 and 2 CPU threads.
+
 Each device level is measured in a process of its own, as the engine runs a stage: a GPU share
 is an MPS SM quota, which CUDA reads when it starts (``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`` under
 a private MPS daemon, ``ebrl.resources.apply``; a share of 1 is the whole GPU); a CPU level is
@@ -317,13 +320,51 @@ def measure_profile(
     )
 
 
+#: the levels measured unless ``--levels`` is given: GPU shares, or CPU thread counts
+DEFAULT_LEVELS = {"cuda": "0.25,0.5,1", "cpu": "1,2"}
+
+
+def cuda_available() -> bool:
+    """Whether torch can use a GPU here (the default ``--device``)."""
+    import torch
+
+    return bool(torch.cuda.is_available())
+
+
+def parse_levels(device: str, text: str) -> list[float]:
+    """``--levels`` as numbers; on the CPU they are torch thread counts, whole and >= 1.
+
+    Raises:
+        ValueError: naming the value and what the device takes.
+    """
+    try:
+        levels = [float(x) for x in text.split(",")]
+    except ValueError:
+        levels = []
+    if device == "cpu" and all(lv >= 1 and lv == int(lv) for lv in levels) and levels:
+        return levels
+    if device == "cuda" and all(0 < lv <= 1 for lv in levels) and levels:
+        return levels
+    takes = (
+        "torch thread counts: whole numbers >= 1 (e.g. --levels 1,2)"
+        if device == "cpu"
+        else "GPU shares in (0, 1] (e.g. --levels 0.25,0.5,1)"
+    )
+    raise ValueError(f"--levels {text}: on --device {device} the levels are {takes}")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         prog="python -m ebrl.plan.measure", description=__doc__.split("\n")[0]
     )
     ap.add_argument("--out", type=Path, help="the profile file to write")
-    ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
-    ap.add_argument("--levels", default="0.25,0.5,1", help="GPU shares, or CPU thread counts")
+    ap.add_argument(
+        "--device", choices=("cuda", "cpu"), help="default: cuda where torch sees a GPU, else cpu"
+    )
+    ap.add_argument(
+        "--levels",
+        help="GPU shares (default 0.25,0.5,1), or CPU thread counts (default 1,2)",
+    )
     ap.add_argument("--batches", default="1,4,16,64", help="generator batch sizes")
     ap.add_argument(
         "--samples",
@@ -335,7 +376,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("overrides", nargs="*", help="Hydra overrides of the run to profile")
     args = ap.parse_args(argv)
-    levels = [float(x) for x in args.levels.split(",")]
+    if args.device is None:
+        args.device = "cuda" if cuda_available() else "cpu"
+    try:
+        levels = parse_levels(args.device, args.levels or DEFAULT_LEVELS[args.device])
+    except ValueError as e:
+        ap.error(str(e))
     batches = [int(x) for x in args.batches.split(",")]
     if args.samples:
         samples = [int(x) for x in args.samples.split(",")]

@@ -145,10 +145,18 @@ class StageProfile:
             if math.isclose(lv, level, rel_tol=1e-6):
                 return self._at(lv)
         if not levels[0] < level < levels[-1]:
+            if self.device == "cpu":  # a CPU profile's levels are torch threads
+                fix = (
+                    f"plan at the threads it has (--set gen_threads={levels[-1]:g} "
+                    f"train_threads={levels[-1]:g}) or measure more (python -m "
+                    "ebrl.plan.measure --device cpu --levels 1,2)"
+                )
+            else:
+                fix = "measure it (scripts/gpu_check.sh measures shares 0.25, 0.5, 1)"
             what = "threads" if self.device == "cpu" else "GPU share"
             raise ProfileError(
                 f"the profile's {self.unit} points are at {what} {levels}; the plan asks "
-                f"{level:g}: measure it (scripts/gpu_check.sh measures shares 0.25, 0.5, 1)"
+                f"{level:g}: {fix}"
             )
         hi = next(lv for lv in levels if lv > level)
         lo = max(lv for lv in levels if lv < level)

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import datetime
 import socket
+import warnings
 from collections.abc import Collection, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -273,6 +274,10 @@ def shard_module(
 
     if not dp.sharded:
         raise ValueError(f"shard_module: {dp} is not an FSDP group (strategy 'fsdp')")
+    # FSDP2 warns at every forward that returns a view (a value head's squeeze, a dist's loc):
+    # an in-place op on it would skip the backward's all-gather. The learner takes none on a
+    # policy's outputs: tests/test_fsdp_quiet.py holds 2 ranks' update to one rank's
+    warnings.filterwarnings("ignore", "FSDP2-wrapped module .* returned a view tensor")
     for unit in shard_units(module):
         fully_shard(unit, mesh=dp.mesh)
     fully_shard(module, mesh=dp.mesh, reshard_after_forward=reshard_root)
