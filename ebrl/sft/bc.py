@@ -123,7 +123,7 @@ def clone(
                 loss.backward()
                 opt.step()
                 sched.step()
-                total += float(loss) * len(rows)
+                total += float(loss.detach()) * len(rows)
             last = total / n
             if epoch == 0:
                 first = last

@@ -25,9 +25,11 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import multiprocessing
 import sys
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -128,62 +130,113 @@ def policy_episode(env: Any, policy: Any, seed: int) -> tuple[bool, int]:
                 return bool(r.success), steps
 
 
+def _task_episodes(
+    kind: str, cfg_yaml: str, task: int, seeds: list[int], checkpoint: str | None
+) -> tuple[dict[str, Any], list[Episode]]:
+    """Every episode of one task (a worker process's share): ``kind`` is ``expert`` (the
+    expert, its successful episodes returned as demonstrations) or ``policy`` (the policy of
+    ``checkpoint``); from the fixed initial states unless ``seeds`` are of sampled layouts
+    (``expert`` with demonstrations: ``collect``)."""
+    from omegaconf import OmegaConf
+
+    from ebrl.stages.factory import StageFactory
+
+    cfg = OmegaConf.create(cfg_yaml)
+    init_states = str(cfg.simulator.init_states)
+    t0 = time.perf_counter()
+    env = make_env(cfg, task, init_states)
+    built = time.perf_counter() - t0
+    kept: list[Episode] = []
+    results: list[tuple[bool, int]] = []
+    try:
+        if kind == "expert":
+            expert = PickPlaceExpert(env)
+            for seed in seeds:
+                ep = expert_episode(env, expert, seed)
+                results.append((ep.success, len(ep.actions)))
+                if ep.success:
+                    kept.append(ep)
+        else:
+            torch.set_num_threads(1)
+            factory = StageFactory.from_config(cfg)
+            policy = factory.with_spec(env.spec).policy()
+            load_init_weights(policy, str(checkpoint))
+            policy.eval()
+            results = [policy_episode(env, policy, seed) for seed in seeds]
+    finally:
+        env.close()
+    wins = sum(ok for ok, _ in results)
+    summary = {
+        "name": env.task_name,
+        "episodes": len(results),
+        "successes": wins,
+        "success_rate": wins / max(1, len(results)),
+        "mean_steps": float(np.mean([n for _, n in results])) if results else 0.0,
+        "seconds": time.perf_counter() - t0,
+        "build_seconds": built,
+        "seeds": list(seeds),
+        "per_seed": [ok for ok, _ in results],
+    }
+    return summary, kept
+
+
 def _per_task(
     cfg: DictConfig,
+    kind: str,
     init_states: str,
     seeds: Callable[[int], list[int]],
-    run: Callable[[Any, int, int], dict[str, Any]],
-) -> dict[str, Any]:
-    """``run(env, task, seed)`` for every task and its seeds; per task the successes, steps
-    and seconds, and the suite's total."""
+    workers: int,
+    partial: Path,
+    checkpoint: Path | None = None,
+) -> tuple[dict[str, Any], list[tuple[int, Episode]]]:
+    """Every task's episodes on ``workers`` processes (a task each at a time); per task the
+    successes, steps and seconds, and the suite's total. ``partial`` holds the tasks done so
+    far while it runs."""
+    from omegaconf import OmegaConf, open_dict
+
+    cfg = cfg.copy()
+    with open_dict(cfg):
+        cfg.simulator.init_states = init_states
+    cfg_yaml = OmegaConf.to_yaml(cfg, resolve=True)
     out: dict[str, Any] = {"tasks": {}}
-    for task in tasks_of(cfg):
-        t0 = time.perf_counter()
-        env = make_env(cfg, task, init_states)
-        try:
-            built = time.perf_counter() - t0
-            results = [run(env, task, s) for s in seeds(task)]
-        finally:
-            env.close()
-        wins = sum(r["success"] for r in results)
-        out["tasks"][str(task)] = {
-            "name": env.task_name,
-            "episodes": len(results),
-            "successes": wins,
-            "success_rate": wins / max(1, len(results)),
-            "mean_steps": float(np.mean([r["steps"] for r in results])) if results else 0.0,
-            "seconds": time.perf_counter() - t0,
-            "build_seconds": built,
-            "seeds": list(seeds(task)),
-            "per_seed": [bool(r["success"]) for r in results],
+    kept: list[tuple[int, Episode]] = []
+    ctx = multiprocessing.get_context("spawn")  # LIBERO's GL and MuJoCo state: a fresh process
+    with ProcessPoolExecutor(max_workers=max(1, workers), mp_context=ctx) as pool:
+        jobs = {
+            pool.submit(
+                _task_episodes, kind, cfg_yaml, task, seeds(task), checkpoint and str(checkpoint)
+            ): task
+            for task in tasks_of(cfg)
         }
-        log.info(
-            "task %d (%s): %d/%d in %.0f s",
-            task,
-            env.task_name,
-            wins,
-            len(results),
-            out["tasks"][str(task)]["seconds"],
-        )
+        for job in as_completed(jobs):
+            task = jobs[job]
+            summary, episodes = job.result()
+            out["tasks"][str(task)] = summary
+            kept += [(task, ep) for ep in episodes]
+            log.info(
+                "task %d (%s): %d/%d in %.0f s",
+                task,
+                summary["name"],
+                summary["successes"],
+                summary["episodes"],
+                summary["seconds"],
+            )
+            _write_json(partial, {"partial": True, **out})
+    out["tasks"] = dict(sorted(out["tasks"].items(), key=lambda kv: int(kv[0])))
+    kept.sort(key=lambda te: te[0])
     total = sum(t["episodes"] for t in out["tasks"].values())
     wins = sum(t["successes"] for t in out["tasks"].values())
     out.update(episodes=total, successes=wins, success_rate=wins / max(1, total))
-    return out
+    return out, kept
 
 
 # --- the commands -----------------------------------------------------------------------------
-def cmd_expert(cfg: DictConfig, out: Path, states: int) -> dict[str, Any]:
+def cmd_expert(cfg: DictConfig, out: Path, states: int, workers: int) -> dict[str, Any]:
     """The expert's success on the suite's first ``states`` fixed initial states per task."""
     t0 = time.perf_counter()
-    experts: dict[int, PickPlaceExpert] = {}
-
-    def run(env: Any, task: int, seed: int) -> dict[str, Any]:
-        if experts.get(task) is None or experts[task]._env is not env.raw_env.env:
-            experts[task] = PickPlaceExpert(env)
-        ep = expert_episode(env, experts[task], seed)
-        return {"success": ep.success, "steps": len(ep.actions)}
-
-    res = _per_task(cfg, "suite", lambda t: list(range(states)), run)
+    res, _ = _per_task(
+        cfg, "expert", "suite", lambda t: list(range(states)), workers, out / "expert.json"
+    )
     res.update(
         what="scripted expert on the fixed initial states (init_states=suite, state i = seed i)",
         states_per_task=states,
@@ -195,23 +248,19 @@ def cmd_expert(cfg: DictConfig, out: Path, states: int) -> dict[str, Any]:
     return res
 
 
-def cmd_collect(cfg: DictConfig, out: Path, episodes: int, seed: int) -> dict[str, Any]:
+def cmd_collect(
+    cfg: DictConfig, out: Path, episodes: int, seed: int, workers: int
+) -> dict[str, Any]:
     """``episodes`` expert episodes per task from sampled layouts; the successful ones are the
     demonstrations (``demos.npz``), their provenance ``demos.json``."""
     t0 = time.perf_counter()
-    kept: list[tuple[int, Episode]] = []
-    experts: dict[int, PickPlaceExpert] = {}
-
-    def run(env: Any, task: int, s: int) -> dict[str, Any]:
-        if experts.get(task) is None or experts[task]._env is not env.raw_env.env:
-            experts[task] = PickPlaceExpert(env)
-        ep = expert_episode(env, experts[task], s)
-        if ep.success:
-            kept.append((task, ep))
-        return {"success": ep.success, "steps": len(ep.actions)}
-
-    res = _per_task(
-        cfg, "sampled", lambda t: [seed + SEED_STRIDE * t + e for e in range(episodes)], run
+    res, kept = _per_task(
+        cfg,
+        "expert",
+        "sampled",
+        lambda t: [seed + SEED_STRIDE * t + e for e in range(episodes)],
+        workers,
+        out / "demos.json",
     )
     if not kept:
         raise RuntimeError("collect: the expert succeeded in no episode; no demonstrations")
@@ -280,24 +329,20 @@ def cmd_clone(cfg: DictConfig, out: Path, demos: Path, bc: CloneConfig) -> dict[
     return res
 
 
-def cmd_eval(cfg: DictConfig, out: Path, checkpoint: Path, states: int) -> dict[str, Any]:
+def cmd_eval(
+    cfg: DictConfig, out: Path, checkpoint: Path, states: int, workers: int
+) -> dict[str, Any]:
     """The policy of ``checkpoint`` on the first ``states`` fixed initial states per task."""
-    from ebrl.stages.factory import StageFactory
-
     t0 = time.perf_counter()
-    factory = StageFactory.from_config(cfg)
-    policies: dict[int, Any] = {}
-
-    def run(env: Any, task: int, seed: int) -> dict[str, Any]:
-        if not policies:
-            policy = factory.with_spec(env.spec).policy()
-            load_init_weights(policy, checkpoint)
-            policies[0] = policy.eval()
-        ok, steps = policy_episode(env, policies[0], seed)
-        return {"success": ok, "steps": steps}
-
-    torch.set_num_threads(1)
-    res = _per_task(cfg, "suite", lambda t: list(range(states)), run)
+    res, _ = _per_task(
+        cfg,
+        "policy",
+        "suite",
+        lambda t: list(range(states)),
+        workers,
+        out / "eval.json",
+        checkpoint=checkpoint,
+    )
     res.update(
         what="cloned policy, chunk mean, on the fixed initial states (init_states=suite, "
         "state i = seed i)",
@@ -346,7 +391,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--epochs", type=int, default=CloneConfig.epochs)
     ap.add_argument("--batch-size", type=int, default=CloneConfig.batch_size)
     ap.add_argument("--lr", type=float, default=CloneConfig.lr)
-    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--threads", type=int, default=1, help="torch threads of clone")
+    ap.add_argument("--workers", type=int, default=2, help="processes, a task each at a time")
     ap.add_argument("overrides", nargs="*", help="ebrl config overrides (policy=mlp ...)")
     args = ap.parse_intermixed_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
@@ -367,13 +413,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             continue
         t0 = time.perf_counter()
         if step == "expert":
-            cmd_expert(cfg, out, args.states)
+            cmd_expert(cfg, out, args.states, args.workers)
         elif step == "collect":
-            cmd_collect(cfg, out, args.episodes, args.seed)
+            cmd_collect(cfg, out, args.episodes, args.seed, args.workers)
         elif step == "clone":
             cmd_clone(cfg, out, demos, bc)
         else:
-            cmd_eval(cfg, out, ckpt, args.states)
+            cmd_eval(cfg, out, ckpt, args.states, args.workers)
         timings[step] = time.perf_counter() - t0
     if args.command == "all":
         _write_json(out / "timings.json", timings)
