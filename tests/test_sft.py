@@ -184,13 +184,15 @@ def _starts_from(tmp_path: Path, name: str, extra: list[str]) -> None:
     assert not torch.equal(fresh["policy"]["log_std"], weights["log_std"])
 
 
-@pytest.mark.slow  # two runs of python -m ebrl.train each: ~20 s idle, minutes on a loaded machine
+@pytest.mark.slow  # two runs of python -m ebrl.train each: ~30 s idle, minutes on a loaded machine
+@pytest.mark.timeout(900)
 @pytest.mark.parametrize("name", sorted(SCHEDULERS))
 def test_a_run_starts_from_the_cloned_weights(tmp_path, name):
     _starts_from(tmp_path, name, SCHEDULERS[name])
 
 
 @pytest.mark.slow  # the other schedulers, and EBRL on Ray
+@pytest.mark.timeout(900)
 @pytest.mark.parametrize("name", sorted(SLOW_SCHEDULERS))
 def test_a_run_starts_from_the_cloned_weights_under_every_scheduler(tmp_path, name):
     _starts_from(tmp_path, name, SLOW_SCHEDULERS[name])
@@ -214,3 +216,13 @@ def test_a_checkpoint_that_does_not_fit_stops_the_run_with_the_fix(tmp_path):
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert done.returncode != 0
     assert "does not fit this run's policy" in done.stderr, done.stderr[-3000:]
+
+
+def test_meta_from_a_structured_config_is_stored_as_plain_values_that_load(tmp_path):
+    """The meta of ``clone`` holds the simulator's config node, whose values include enums
+    (``ebrl.config.LiberoSuite``); torch's weights-only loader refuses such globals."""
+    from ebrl.config import LiberoSuite
+
+    policy = _policy(_tiny())
+    path = save_init_checkpoint(tmp_path / "bc.pt", policy, {"task": LiberoSuite("libero_object")})
+    assert load_init_weights(_policy(_tiny()), path) == {"task": "libero_object"}

@@ -8,6 +8,7 @@ random state and its step counters are fresh (``checkpoint.resume`` is what cont
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -33,7 +34,10 @@ def save_init_checkpoint(path: str | Path, policy: Policy, meta: dict[str, Any])
     path.parent.mkdir(parents=True, exist_ok=True)
     state = {k: v.detach().cpu().clone() for k, v in policy.state_dict().items()}
     tmp = path.with_suffix(path.suffix + ".tmp")
-    torch.save({"version": 0, POLICY: state, "meta": dict(meta)}, tmp)
+    # plain values only (a config node's enums become their names): torch's weights-only
+    # loader, which every run uses, refuses other classes
+    plain = json.loads(json.dumps(dict(meta), default=str))
+    torch.save({"version": 0, POLICY: state, "meta": plain}, tmp)
     os.replace(tmp, path)
     return path
 
