@@ -62,7 +62,7 @@ def test_cloning_fits_the_chunk_mean_and_sets_the_log_std_to_the_residual():
     policy = _policy(_tiny())
     obs, chunks = _demos(policy)
     before = float(
-        ((policy.dist(torch.from_numpy(obs)).mean - torch.from_numpy(chunks)) ** 2).mean()
+        ((policy.dist(torch.from_numpy(obs)).mean.detach() - torch.from_numpy(chunks)) ** 2).mean()
     )
     m = clone(policy, obs, chunks, CloneConfig(epochs=60, batch_size=64, lr=3e-3, min_std=1e-3))
     assert m["bc/mse"] < 0.2 * before and m["bc/mse"] < m["bc/mse_first"]
