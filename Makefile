@@ -248,6 +248,18 @@ table-libero: setup setup-libero
 	  --configs sync,colocated,hybrid,async,ebrl --seeds 0,1,2 --iterations 10 \
 	  --experiment libero-object-cpu --out $(LIBERO_OUT)
 
+# SFT then RL on LIBERO-Object (issue 44, ebrl/sft/): the scripted expert on the fixed initial
+# states, its demonstrations from sampled layouts, behaviour cloning of SFT_POLICY, the clone on
+# the fixed states; then PPO from the clone (init_checkpoint=$(SFT_OUT)/policy.pt)
+SFT_OUT ?= outputs/sft/libero_object
+SFT_ARGS ?= --states 10 --episodes 20 --workers 2
+SFT_POLICY ?= policy=mlp chunk_size=8
+.PHONY: sft-libero
+sft-libero: setup setup-libero
+	nice -n 15 $(PY) -m ebrl.sft.libero all --out $(SFT_OUT) $(SFT_ARGS) $(SFT_POLICY)
+	@echo "RL from the clone: $(PY) -m ebrl.train simulator=libero simulator.task=libero_object" \
+	  "simulator.init_states=sampled $(SFT_POLICY) init_checkpoint=$(SFT_OUT)/policy.pt"
+
 # A long EBRL run on the embedded default with its memory, file descriptors and shared memory
 # sampled every minute (benchmarks/soak.py); SOAK_MINUTES of training.
 SOAK_MINUTES ?= 30

@@ -1224,6 +1224,10 @@ class RunConfig:
     progress: bool = True
     #: run folder (None: Hydra's output dir, or a fresh folder under outputs/runs)
     run_dir: str | None = None
+    #: start the policy from these weights (a behaviour-cloned policy, ``python -m
+    #: ebrl.sft.libero clone``, or a run's checkpoint.pt): a fresh run, its version, optimiser
+    #: and counters new (``checkpoint.resume`` continues a run instead). None: a fresh policy
+    init_checkpoint: str | None = None
 
     @property
     def decisions_per_env(self) -> int:
@@ -1460,6 +1464,12 @@ def validate(cfg: DictConfig, machine: MachineFacts | None = None) -> RunConfig:
         f"{inj.train_after_updates}: must be >= 0",
     )
     _check(run.warmup_iters >= 0, "warmup_iters must be >= 0")
+    _check(
+        not run.init_checkpoint or Path(run.init_checkpoint).is_file(),
+        f"init_checkpoint={run.init_checkpoint}: no such file; give the path of a behaviour-"
+        "cloned policy (python -m ebrl.sft.libero clone) or of a run's checkpoint.pt, or set "
+        "init_checkpoint=null to start from a fresh policy",
+    )
     _check(
         run.eval.episodes >= 0 and run.eval.num_envs >= 1 and run.eval.every_iters >= 0,
         f"eval.episodes={run.eval.episodes}, eval.num_envs={run.eval.num_envs}, "

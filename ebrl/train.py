@@ -292,6 +292,8 @@ def train(cfg: DictConfig) -> Summary:
     saved weights, and metrics continue in the same MLflow run, from the saved step on.
     """
     run = validate(cfg)
+    if run.init_checkpoint:  # every worker loads it, wherever it runs: an absolute path
+        cfg.init_checkpoint = str(Path(run.init_checkpoint).resolve())
     _refuse_unwired_resources(run)
     run_dir = _run_dir(run)
     (run_dir / "config.yaml").write_text(portable(OmegaConf.to_yaml(cfg, resolve=True)))

@@ -121,7 +121,8 @@ class StageFactory:
 
     # -- gen / train ----------------------------------------------------------------------------
     def policy(self) -> Policy:
-        """The initial policy; identical in every process (seeded from the run seed)."""
+        """The initial policy; identical in every process (seeded from the run seed, or the
+        weights of ``init_checkpoint`` where the run sets it)."""
         if self.env_spec is None:
             raise RuntimeError("StageFactory.policy: env spec unknown; call with_spec() first")
         spec = PolicySpec(
@@ -132,7 +133,12 @@ class StageFactory:
         )
         torch.manual_seed(int(self.cfg["seed"]))
         # the spec passed as it is: Hydra would turn a dataclass argument into a config node
-        return instantiate(self.node.policy, _partial_=True)(spec=spec)
+        policy = instantiate(self.node.policy, _partial_=True)(spec=spec)
+        if self.cfg.get("init_checkpoint"):  # a fresh run from given weights (e.g. SFT's)
+            from ebrl.sft.checkpoint import load_init_weights
+
+            load_init_weights(policy, self.cfg["init_checkpoint"])
+        return policy
 
     def gen(self, device: str = "cpu", incarnation: int = 0) -> GenStage:
         """The generator stage; ``device``: where it acts (``cuda`` for a GPU share);
