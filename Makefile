@@ -44,6 +44,7 @@ help:
 	@echo "make plan [PROFILE=<file>] [MACHINE=cpu|cluster|scale/g<N>|<file>] [VALIDATE=1] [OUT=<dir>]"
 	@echo "               the capacity planner: every scheduler predicted, no run started (into outputs/plan/)"
 	@echo "make test-readme  every command README.md shows, run as written with tiny budgets"
+	@echo "make sft-libero  LIBERO-Object: scripted expert, demonstrations, behaviour cloning, the clone evaluated (init_checkpoint= for RL)"
 
 setup: $(STAMP) $(VULKAN) $(MODEL_BUILT)
 
@@ -256,7 +257,7 @@ SFT_ARGS ?= --states 10 --episodes 20 --workers 2
 SFT_POLICY ?= policy=mlp chunk_size=8
 .PHONY: sft-libero
 sft-libero: setup setup-libero
-	nice -n 15 $(PY) -m ebrl.sft.libero all --out $(SFT_OUT) $(SFT_ARGS) $(SFT_POLICY)
+	$(PY) -m ebrl.sft.libero all --out $(SFT_OUT) $(SFT_ARGS) $(SFT_POLICY)
 	@echo "RL from the clone: $(PY) -m ebrl.train simulator=libero simulator.task=libero_object" \
 	  "simulator.init_states=sampled $(SFT_POLICY) init_checkpoint=$(SFT_OUT)/policy.pt"
 
