@@ -122,12 +122,19 @@ class Architecture:
         return saved + (self.frozen_kv + self.transient) * self.act_bytes
 
 
-def _openpi(horizon: int, state_token: bool, text: int, images: int, steps: int) -> Architecture:
-    """openpi's π0 / π0.5 as RLinf 0.3 trains it with ``train_expert_only``: PaliGemma
+def _openpi(
+    node: Mapping[str, Any], horizon: int, state_token: bool, text: int, steps: int
+) -> Architecture:
+    """openpi's π0 / π0.5 as RLinf 0.3 trains it with ``train_expert_only``, the images in
+    input and denoising steps read from the policy node's ``model_cfg.openpi`` (``steps`` the
+    model's default where the node does not say): PaliGemma
     (gemma_2b: 18 layers, width 2048, gated MLP 16384, 8 heads, 1 KV head of 256; SigLIP
     So400m/14: 256 tokens per 224-pixel image) frozen, the action expert (gemma_300m: 18 layers,
     width 1024, MLP 4096, 8 heads, 1 KV head of 256) trained on the action tokens (and π0's state
     token), attending to the prefix's keys, once per denoising step; eager attention."""
+    openpi = node["model_cfg"]["openpi"]
+    images = int(openpi.get("num_images_in_input", 2))
+    steps = int(openpi.get("num_steps", steps))
     prefix = images * 256 + text
     suffix = horizon + int(state_token)
     expert = Block(18, 1024, 4096, 8, 1, 256, tokens=suffix, keys=prefix + suffix)
@@ -143,20 +150,8 @@ def _openpi(horizon: int, state_token: bool, text: int, images: int, steps: int)
 
 #: the paper's VLAs by ``policy.name``: builders from the policy node's values
 ARCHITECTURES: dict[str, Any] = {
-    "pi0": lambda node: _openpi(
-        horizon=50,
-        state_token=True,
-        text=48,
-        images=int(node["model_cfg"]["openpi"].get("num_images_in_input", 2)),
-        steps=int(node["model_cfg"]["openpi"].get("num_steps", 4)),
-    ),
-    "pi05": lambda node: _openpi(
-        horizon=10,
-        state_token=False,
-        text=200,
-        images=int(node["model_cfg"]["openpi"].get("num_images_in_input", 2)),
-        steps=int(node["model_cfg"]["openpi"].get("num_steps", 3)),
-    ),
+    "pi0": lambda node: _openpi(node, horizon=50, state_token=True, text=48, steps=4),
+    "pi05": lambda node: _openpi(node, horizon=10, state_token=False, text=200, steps=3),
     # Llama 2 7B (32 layers, 4096, SwiGLU 11008, 32 heads) on one image's 256 patch tokens, the
     # prompt and 8 x 7 action tokens, FlashAttention 2; SigLIP So400m and DINOv2-L (Prismatic's
     # fused backbone, 256 patches) trained too: RLinf trains OpenVLA-OFT whole (is_lora false)
