@@ -25,6 +25,25 @@ def make_cfg(overrides: list[str] | None = None, tmp_path: Path | None = None):
         return compose(config_name="config", overrides=ov)
 
 
+def context(cfg):
+    """The validated run of ``cfg`` and a scheduler's run context built from it (here rather
+    than in a test module so that tests/gpu, which must import without dev-only packages such
+    as hypothesis, shares it)."""
+    from ebrl.config import validate
+    from ebrl.schedulers.base import RunContext
+    from ebrl.stages.factory import StageFactory
+    from ebrl.timeline import Timeline
+
+    run = validate(cfg)
+    ctx = RunContext(
+        factory=StageFactory.from_config(cfg),
+        decisions_per_env=run.decisions_per_env,
+        env_groups=run.env_groups,
+        timeline=Timeline(),
+    )
+    return run, ctx
+
+
 TINY = [
     "simulator=counting",
     "policy.hidden=16",

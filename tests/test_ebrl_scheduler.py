@@ -9,27 +9,13 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ebrl.config import validate
-from ebrl.schedulers.base import RunContext, StageError
+from ebrl.schedulers.base import StageError
 from ebrl.schedulers.ebrl import EBRLScheduler
 from ebrl.stages import TrainStage
-from ebrl.stages.factory import StageFactory
-from ebrl.timeline import Timeline
 
-from .conftest import TINY, make_cfg
+from .conftest import TINY, context, make_cfg
 
 LEVELS = list(itertools.product([False, True], repeat=3))  # overlap, pipeline, step_level
-
-
-def context(cfg):
-    run = validate(cfg)
-    ctx = RunContext(
-        factory=StageFactory.from_config(cfg),
-        decisions_per_env=run.decisions_per_env,
-        env_groups=run.env_groups,
-        timeline=Timeline(),
-    )
-    return run, ctx
 
 
 def collect(cfg, sched: EBRLScheduler, iterations: int, monkeypatch, train_delay: float = 0.0):

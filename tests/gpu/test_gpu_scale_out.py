@@ -25,29 +25,11 @@ import time
 
 import pytest
 
-from ebrl.config import validate
 from ebrl.resources.apply import MPSDaemon
-from ebrl.schedulers.base import RunContext
-from ebrl.stages.factory import StageFactory
-from ebrl.timeline import Timeline
-from tests.conftest import make_cfg
+from tests.conftest import context, make_cfg
 from tests.gpu.test_gpu_mps import requires_gpu
 
 pytestmark = pytest.mark.gpu
-
-
-def context(cfg):
-    """The validated run and a run context of ``cfg`` (as tests/test_ebrl_scheduler.py builds
-    them; not imported from there: that module needs hypothesis, a dev-only package a GPU box
-    may not have)."""
-    run = validate(cfg)
-    ctx = RunContext(
-        factory=StageFactory.from_config(cfg),
-        decisions_per_env=run.decisions_per_env,
-        env_groups=run.env_groups,
-        timeline=Timeline(),
-    )
-    return run, ctx
 
 
 UPDATES = 6
