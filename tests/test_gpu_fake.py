@@ -21,7 +21,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import stat
 import subprocess
 import sys
 import time
@@ -35,6 +34,7 @@ from ebrl.hardware import MachineFacts
 from ebrl.train import _refuse_unwired_resources
 
 from .conftest import TINY, make_cfg
+from .fake_mps import write_control
 
 mlflow = pytest.importorskip("mlflow")
 ROOT = Path(__file__).resolve().parents[1]
@@ -119,41 +119,6 @@ def __getattr__(name):
     return unsupported
 '''
 
-FAKE_CONTROL = r"""
-import os, signal, subprocess, sys, time
-
-pipe = os.environ.get("CUDA_MPS_PIPE_DIRECTORY", "/tmp/nvidia-mps")
-log = os.environ["FAKE_MPS_LOG"]
-pidfile = os.path.join(pipe, "fake-daemon.pid")
-args = sys.argv[1:]
-
-
-def record(line):
-    with open(log, "a") as f:
-        f.write(line + "\n")
-
-
-if args[:1] == ["--serve"]:  # the daemon itself: lives until SIGTERM
-    while True:
-        time.sleep(0.1)
-elif args == ["-d"]:  # like the real one: fork a daemon and return
-    p = subprocess.Popen(
-        [sys.executable, __file__, "--serve"],
-        start_new_session=True,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    with open(pidfile, "w") as f:
-        f.write(str(p.pid))
-    record(f"start {p.pid} {pipe}")
-else:  # a client: read commands
-    for line in sys.stdin:
-        if line.strip() == "quit":
-            record(f"quit {pipe}")
-            os.kill(int(open(pidfile).read()), signal.SIGTERM)
-"""
-
 
 def fake_gpu_layer(tmp_path: Path, mps: bool = True, gpus: str = H100) -> dict[str, str]:
     """The environment of a run on the fake GPU layer (fake NVML; the fake MPS control binary
@@ -164,9 +129,7 @@ def fake_gpu_layer(tmp_path: Path, mps: bool = True, gpus: str = H100) -> dict[s
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     if mps:
-        control = bin_dir / "nvidia-cuda-mps-control"
-        control.write_text(f"#!{sys.executable}\n{FAKE_CONTROL}")
-        control.chmod(control.stat().st_mode | stat.S_IXUSR)
+        write_control(bin_dir)
     env = {k: v for k, v in os.environ.items() if not k.startswith("CUDA_")}
     env.update(
         PATH=f"{bin_dir}{os.pathsep}{env.get('PATH', '')}",

@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 import os
 import signal
-import stat
 import subprocess
 import sys
 import time
@@ -29,6 +28,7 @@ from ebrl.resources.apply import (
 )
 from ebrl.resources.plan import PlanPolicy, StageRequest, make_plan
 from ebrl.resources.topology import fake_topology
+from tests.fake_mps import write_control
 
 REPO = Path(__file__).resolve().parents[1]
 ALLOWED = sorted(os.sched_getaffinity(0))
@@ -177,40 +177,9 @@ def test_mps_sigterm_chains_to_a_previous_python_handler():
 
 
 # --- MPS with a fake control binary (real processes) -------------------------------------------
-FAKE_CONTROL = r"""
-import os, signal, subprocess, sys, time
-
-pipe = os.environ["CUDA_MPS_PIPE_DIRECTORY"]
-pidfile = os.path.join(pipe, "fake-daemon.pid")
-args = sys.argv[1:]
-if args[:1] == ["--serve"]:  # the daemon itself: lives until SIGTERM
-    open(os.path.join(pipe, "control"), "w").close()
-    while True:
-        time.sleep(0.1)
-elif args == ["-d"]:  # like the real one: fork a daemon and return
-    p = subprocess.Popen(
-        [sys.executable, __file__, "--serve"],
-        start_new_session=True,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    with open(pidfile, "w") as f:
-        f.write(str(p.pid))
-else:  # a client: read commands
-    for line in sys.stdin:
-        if line.strip() == "quit" and not os.environ.get("FAKE_MPS_IGNORE_QUIT"):
-            os.kill(int(open(pidfile).read()), signal.SIGTERM)
-"""
-
-
 @pytest.fixture
 def fake_control(tmp_path: Path) -> str:
-    path = tmp_path / "bin" / "nvidia-cuda-mps-control"
-    path.parent.mkdir()
-    path.write_text(f"#!{sys.executable}\n{FAKE_CONTROL}")
-    path.chmod(path.stat().st_mode | stat.S_IXUSR)
-    return str(path)
+    return str(write_control(tmp_path / "bin"))
 
 
 def _alive(pid: int) -> bool:
