@@ -385,6 +385,48 @@ class _Once(logging.Filter):
         return new
 
 
+class SubmititRepeats(logging.Filter):
+    """Lets Submitit's "Bypassing sacct error" through once per process, and counts the rest.
+
+    Where Slurm keeps no accounting (``sacct`` exits 1, as on a single-node Slurm without
+    slurmdbd) Submitit warns on every poll of every job, through each of its handlers; it still
+    finishes, reading the jobs' result files. The first warning says that later ones are not
+    shown; ``dropped`` counts them.
+    """
+
+    MARK = "Bypassing sacct error"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.dropped = 0
+        self._said = False
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if self.MARK not in record.getMessage():
+            return True
+        if self._said:
+            self.dropped += 1
+            return False
+        self._said = True
+        record.msg = (
+            f"{record.getMessage()} (Submitit repeats this on every poll where Slurm keeps no "
+            "accounting; later repeats are not shown)"
+        )
+        record.args = ()
+        return True
+
+
+def quiet_submitit_repeats() -> SubmititRepeats:
+    """Install :class:`SubmititRepeats` on Submitit's logger (once per process); returns it."""
+    logger = logging.getLogger("submitit")
+    for f in logger.filters:
+        if isinstance(f, SubmititRepeats):
+            return f
+    f = SubmititRepeats()
+    logger.addFilter(f)
+    return f
+
+
 def _stand_in_checkpoints(
     job: DictConfig, machine: MachineFacts
 ) -> tuple[tuple[Fetch, ...], MachineFacts]:

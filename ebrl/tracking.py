@@ -429,10 +429,16 @@ class MLflowTracker:
         self.timeout_s = timeout_s
         self.finish_timeout_s = finish_timeout_s
         self._entities = mlflow.entities
+        #: this attempt's number and the earlier attempts a stop signal ended (``ATTEMPTS``)
+        self.attempts, self.preemptions = 1, 0
         with self._needed():
             exp_id = _experiment_id(self.client, experiment, artifact_root)
             if resume_id is not None:
                 self.run_id: str | None = resume_id
+                pending = _Spool.read_state(spool).get("status") if spool is not None else None
+                self.attempts, self.preemptions = _attempt_counts(
+                    self.client.get_run(resume_id), pending
+                )
                 self.client.update_run(resume_id, status="RUNNING")
                 self.client.set_tag(resume_id, "resumed", "true")
             else:
@@ -448,6 +454,7 @@ class MLflowTracker:
             self._spool.state["status"] = None  # running again: this attempt's finish sets it
             self._spool.save()
             self._spool.send(self.client, timeout_s)  # what an earlier attempt left unsent
+        self.log_metrics({ATTEMPTS: self.attempts, PREEMPTIONS: self.preemptions}, step=0)
 
     @contextmanager
     def _needed(self) -> Iterator[None]:
@@ -529,6 +536,23 @@ class MLflowTracker:
         stopper.join(timeout=max(10.0, 2 * self.timeout_s))
         if stopper.is_alive():
             log.warning("MLflow system metrics: the monitor did not stop in time; left behind")
+
+
+#: metrics of a run's attempts, logged when each starts (step 0; the latest value counts): a
+#: FINISHED run shows the attempts before it. Its attempt number (1 for a new run, one more for
+#: each resume), and how many earlier attempts a stop signal ended (SIGTERM, USR2, SIGINT: the
+#: run was then KILLED; a driver killed outright leaves it RUNNING and is not counted)
+ATTEMPTS, PREEMPTIONS = "fault/attempts", "fault/preemptions"
+
+
+def _attempt_counts(run: Any, pending_status: str | None) -> tuple[int, int]:
+    """(this attempt's number, earlier attempts stopped by a signal) of a resumed MLflow run,
+    from the counts its last attempt logged and how that attempt ended (its status, or the
+    status its spool still had to send)."""
+    metrics = run.data.metrics
+    attempts = int(metrics.get(ATTEMPTS, 1)) + 1
+    status = pending_status or run.info.status
+    return attempts, int(metrics.get(PREEMPTIONS, 0)) + (status == "KILLED")
 
 
 def system_metrics_wanted(mode: str) -> bool:

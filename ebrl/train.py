@@ -439,7 +439,7 @@ def train(cfg: DictConfig) -> Summary:
             signalled = stop.preempted()
             stopped = isinstance(e, KeyboardInterrupt) or signalled is not None
             summary.status = "KILLED" if stopped else "FAILED"
-            log.error(
+            (log.info if stopped else log.error)(  # a stop signal is planned, not an error
                 "run stopped (%s: %s); results so far are in %s", type(e).__name__, e, run_dir
             )
             if signalled is not None and not isinstance(e, Preempted):

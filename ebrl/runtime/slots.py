@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import uuid
 from dataclasses import dataclass
 from multiprocessing import shared_memory
@@ -55,6 +56,7 @@ class ShmSlots:
         self._shm: list[shared_memory.SharedMemory] = []
         self.arrays: dict[str, np.ndarray] = {}
         self._owner = create
+        start_resource_tracker()
         for field, (shape, dtype) in _layout(
             spec.obs_dim, spec.chunk_size, spec.action_dim
         ).items():
@@ -139,6 +141,29 @@ class InlineSlots:
 
     def close(self) -> None:
         pass
+
+
+def start_resource_tracker() -> None:
+    """Start this process's :mod:`multiprocessing` resource tracker, if it is not running yet,
+    deaf to SIGUSR2.
+
+    Slurm's time-limit warning (Submitit's ``--signal=USR2@<delay>``) reaches every process of
+    the job, the tracker included. Python's tracker ignores SIGINT and SIGTERM but dies of USR2;
+    the next unlink then starts a new tracker that has registered nothing, and it prints a
+    ``KeyError`` traceback for each segment. A signal blocked when the tracker is started stays
+    blocked in it (the mask is inherited across fork and exec, as Python's own start of the
+    tracker relies on for SIGINT and SIGTERM).
+    """
+    from multiprocessing import resource_tracker
+
+    if not hasattr(signal, "pthread_sigmask"):
+        resource_tracker.ensure_running()
+        return
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR2})
+    try:
+        resource_tracker.ensure_running()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
 def _untrack(shm: shared_memory.SharedMemory) -> None:

@@ -67,6 +67,7 @@ import numpy as np
 import psutil
 import torch
 
+from ebrl.runtime.slots import start_resource_tracker
 from ebrl.runtime.watchdog import SHM_DIR, shm_prefix, sweep_dead_drivers
 
 #: header bytes before the first tensor; every tensor starts on a multiple of ALIGN
@@ -243,6 +244,7 @@ class WeightBoard:
         sweep_dead_drivers()
         layout, nbytes = layout_of(state)
         name = f"{shm_prefix(owner_pid)}wb{uuid.uuid4().hex[:12]}"
+        start_resource_tracker()  # one that outlives Slurm's USR2 (ebrl.runtime.slots)
         shm = shared_memory.SharedMemory(name=name, create=True, size=nbytes)
         try:
             _reserve(name, nbytes)
