@@ -91,13 +91,13 @@ DAYS = {
     "scheduler/2026-11-29": "2026-11-29",
     "allocator/2026-11-30": "2026-11-30",
     "allocator/2026-11-30-heldout": "2026-11-30",
-    "headline-cpu": "2026-12-01",
+    "archive/headline-cpu-2026-12-01": "2026-12-01",
     "scaling-cpu": "2026-12-01",
     "ablation-cpu": "2026-12-01",
     "grpo-cpu": "2026-12-01",
-    "main/2026-12-02-shape": "2026-12-02",
-    "main/2026-12-02-shape-sleep": "2026-12-02",
-    "headline-cpu-2026-12-06": "2026-12-06",
+    "shape-search/2026-12-02-shape": "2026-12-02",
+    "shape-search/2026-12-02-shape-sleep": "2026-12-02",
+    "headline-cpu": "2026-12-06",
 }
 #: the day whose fit the one-fit variant applies to every day
 ONE_FIT = "2026-12-01"
@@ -105,11 +105,15 @@ ONE_FIT = "2026-12-01"
 FITS: dict[str, tuple[str, str | None, tuple[str, ...]]] = {
     "2026-11-29": ("scheduler/2026-11-29", None, ("async",)),
     "2026-11-30": ("allocator/2026-11-30", None, ("even",)),
-    "2026-12-01": ("headline-cpu", "PushCube-v1 L N16", ("colocated", "hybrid", "async", "ebrl")),
-    "2026-12-02": ("main/2026-12-02-shape", None, ("async",)),
+    "2026-12-01": (
+        "archive/headline-cpu-2026-12-01",
+        "PushCube-v1 L N16",
+        ("colocated", "hybrid", "async", "ebrl"),
+    ),
+    "2026-12-02": ("shape-search/2026-12-02-shape", None, ("async",)),
     # EBRL held out: its shape was the resource manager's at run time
     "2026-12-06": (
-        "headline-cpu-2026-12-06",
+        "headline-cpu",
         "PushCube-v1 L N16",
         ("colocated", "hybrid", "async"),
     ),
@@ -119,8 +123,8 @@ FITS: dict[str, tuple[str, str | None, tuple[str, ...]]] = {
 #: README reports them from each run's ``shape.json`` (not exported); the export's generator
 #: batches confirm the shape (:func:`export_runs` checks them)
 RUNTIME_SHAPES: dict[str, tuple[Shape, tuple[int, int]]] = {
-    # results/headline-cpu-2026-12-06/README.md: Async's shape in all 20 EBRL runs
-    "headline-cpu-2026-12-06": (Shape(1, False, 16, 0.005), (1, 1)),
+    # results/headline-cpu/README.md (2026-12-06): Async's shape in all 20 EBRL runs
+    "headline-cpu": (Shape(1, False, 16, 0.005), (1, 1)),
 }
 
 
@@ -533,7 +537,7 @@ class Group:
 def rank_key(r: Run) -> str:
     """2026-12-02's runs are predicted from each seed's own start-up profile, but ranked over
     the campaign; elsewhere a workload is ranked on its own."""
-    return "PushCube-v1 L N16" if r.campaign.startswith("main/2026-12-02") else r.workload
+    return "PushCube-v1 L N16" if r.campaign.startswith("shape-search/2026-12-02") else r.workload
 
 
 def groups(ref: ThreadRef, refs: dict[str, ThreadRef] | None = None) -> list[Group]:
@@ -562,18 +566,18 @@ def groups(ref: ThreadRef, refs: dict[str, ThreadRef] | None = None) -> list[Gro
         return profile_from_turns([r for r in runs if r.profile_source], own)
 
     for folder in (
-        "headline-cpu",
+        "archive/headline-cpu-2026-12-01",
         "scaling-cpu",
         "ablation-cpu",
         "grpo-cpu",
-        "headline-cpu-2026-12-06",
+        "headline-cpu",
     ):
         add(export_runs(folder), turns)
     add(summary_runs("scheduler/2026-11-29"), turns)
     for folder in ("allocator/2026-11-30", "allocator/2026-11-30-heldout"):
         prof = profile_from_profiler(folder, ref)
         add(allocator_runs(folder), lambda _r, p=prof: p)
-    for folder in ("main/2026-12-02-shape", "main/2026-12-02-shape-sleep"):
+    for folder in ("shape-search/2026-12-02-shape", "shape-search/2026-12-02-shape-sleep"):
         add(shape_runs(folder), lambda rs, f=folder: profile_from_shape(f, rs[0].seed))
     return out
 

@@ -15,7 +15,7 @@ from analysis.report import main as report
 
 ROOT = Path(__file__).resolve().parents[1]
 #: a committed export whose tags are class names (recorded before the config-name tags)
-HEADLINE = ROOT / "results" / "headline-cpu" / "export"
+HEADLINE = ROOT / "results" / "archive" / "headline-cpu-2026-12-01" / "export"
 
 
 @pytest.mark.parametrize(
@@ -121,8 +121,9 @@ def test_display_runs_maps_the_name_columns_once():
 
 @pytest.mark.skipif(not HEADLINE.exists(), reason="the committed headline export is absent")
 def test_report_on_a_committed_export(tmp_path, capsys):
-    """results/headline-cpu/export holds class-name tags; the report shows the paper's names,
-    takes any spelling in --where and --target, and names its interval; results/ is untouched."""
+    """results/archive/headline-cpu-2026-12-01/export holds class-name tags; the report shows
+    the paper's names, takes any spelling in --where and --target, and names its interval;
+    results/ is untouched."""
     out = tmp_path / "headline"
     before = {p: p.stat().st_mtime_ns for p in HEADLINE.iterdir()}
     args = ["--runs", str(HEADLINE), "--kind", "headline", "--out", str(out)]

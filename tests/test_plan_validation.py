@@ -56,7 +56,7 @@ def test_each_policy_token_names_a_committed_offline_profile():
 def test_ebrl_runs_that_chose_their_shape_at_run_time_are_predicted_at_the_shape_they_kept():
     """The 2026-12-06 headline's EBRL runs pin no shape (the resource manager chose it): they are
     predicted at the shape and threads the campaign reports, under the task's own name."""
-    runs = [r for r in pv.export_runs("headline-cpu-2026-12-06") if r.scheduler == "ebrl"]
+    runs = [r for r in pv.export_runs("headline-cpu") if r.scheduler == "ebrl"]
     assert len(runs) == 20
     assert {r.workload for r in runs} == {
         "PushCube-v1 L N16", "PushCube-v1 M N16", "PickCube-v1 L N16", "PickCube-v1 M N16",
@@ -69,10 +69,8 @@ def test_ebrl_runs_that_chose_their_shape_at_run_time_are_predicted_at_the_shape
 def test_a_reported_shape_the_runs_generator_batches_contradict_is_refused(monkeypatch):
     from ebrl.resources.model import Shape
 
-    monkeypatch.setitem(
-        pv.RUNTIME_SHAPES, "headline-cpu-2026-12-06", (Shape(2, False, 8, 0.005), (1, 1))
-    )
+    monkeypatch.setitem(pv.RUNTIME_SHAPES, "headline-cpu", (Shape(2, False, 8, 0.005), (1, 1)))
     import pytest
 
     with pytest.raises(ValueError, match="generator batches"):
-        pv.export_runs("headline-cpu-2026-12-06")
+        pv.export_runs("headline-cpu")
