@@ -43,7 +43,7 @@ help:
 	@echo "make fig-motivation [SIZE=cpu|full]   the paper's motivation measurements beside ours (CPU ~17 min; SIZE=full: a dry run)"
 	@echo "make plan [PROFILE=<file>] [MACHINE=cpu|cluster|scale/g<N>|<file>] [VALIDATE=1] [OUT=<dir>]"
 	@echo "               the capacity planner: every scheduler predicted, no run started (into outputs/plan/)"
-	@echo "make test-readme  every command README.md shows, run as written with tiny budgets"
+	@echo "make test-readme  every command README.md, REPRODUCE.md and docs/ show, run as written with tiny budgets"
 	@echo "make sft-libero  LIBERO-Object: scripted expert, demonstrations, behaviour cloning, the clone evaluated (init_checkpoint= for RL)"
 
 setup: $(STAMP) $(VULKAN) $(MODEL_BUILT)

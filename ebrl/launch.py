@@ -794,14 +794,30 @@ def _run_arrays(p: Plan, parents: dict[Store, str]) -> list[int]:
 
 
 # --- entry point ------------------------------------------------------------------------------
+#: ``--help``'s examples: a small sweep on each launcher (docs/launchers.md)
+EXAMPLES = """\
+examples (smoke: sync and EBRL on a counting env, 3 updates; seed=0 keeps 2 of its 6 runs):
+  python -m ebrl.launch smoke seed=0                          # local: one run after another, here
+  python -m ebrl.launch smoke seed=0 launcher=submitit_local  # Submitit processes, here
+  python -m ebrl.launch --dry-run smoke launcher=slurm        # the Slurm job array, not submitted
+  python -m ebrl.launch smoke launcher=slurm launcher.partition=debug launcher.time_min=10
+                                                              # on a login node: submit it
+  python -m ebrl.launch --dry-run headline_full               # a full-size sweep's jobs
+"""
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         description=__doc__.splitlines()[0],
-        epilog=f"sweeps: {', '.join(sweep_names())}",
+        formatter_class=argparse.RawDescriptionHelpFormatter,  # the examples keep their lines
+        epilog=EXAMPLES + f"\nsweeps: {', '.join(sweep_names())}",
     )
-    ap.add_argument("sweep", help="a sweep in conf/sweep/ (e.g. headline, headline_full)")
+    ap.add_argument("sweep", help="a sweep in conf/sweep/ (e.g. smoke, headline, headline_full)")
     ap.add_argument(
-        "overrides", nargs="*", help="Hydra overrides; an axis given here replaces the sweep's"
+        "overrides",
+        nargs="*",
+        help="Hydra overrides; an axis given here replaces the sweep's (seed=0); "
+        "launcher=local|submitit_local|slurm picks where the jobs run",
     )
     ap.add_argument("--dry-run", action="store_true", help="print the jobs, run/submit nothing")
     ap.add_argument("--json", action="store_true", help="with --dry-run: the plan as JSON")

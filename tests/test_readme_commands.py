@@ -1,12 +1,14 @@
-"""Every command README.md shows runs as written (issue 47): ``make test-readme``.
+"""Every command README.md, REPRODUCE.md and docs/ show runs as written (issues 47, 45):
+``make test-readme``.
 
-README's fenced ``bash`` blocks are read in order; each line (backslash continuations joined) is
+Their fenced ``bash`` blocks are read in order, README first (a command shown twice, inline
+comments aside, runs once, where it is shown first); each line (backslash continuations joined) is
 one command, run by bash in the repository root exactly as written, with only a budget-shrinking
 suffix appended where :data:`SHRINK` names one (fewer updates, seeds or repetitions: never a
 different command). A block right after an HTML comment ``<!-- needs: WHAT -->`` (a GPU, a
 cluster, the internet, another venv) or ``<!-- skip: WHY -->`` is skipped, with that reason
 printed. A command passes when it exits 0 and prints none of :data:`NOISE`. So a new fenced
-command in README is run by this test without any change here.
+command in any of them is run by this test without any change here.
 
 Outside ``make test-readme`` (``EBRL_README_TEST=1``) every case is skipped: the commands take
 minutes. The parsing is checked in the default run.
@@ -26,6 +28,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
+#: the pages whose commands a user is told to run: README, REPRODUCE, then docs/ by name
+PAGES = [README, ROOT / "REPRODUCE.md", *sorted((ROOT / "docs").glob("*.md"))]
 #: the command that runs the cases (and the environment variable it sets)
 ENABLE = "EBRL_README_TEST"
 
@@ -48,11 +52,19 @@ TIMEOUT = 1800
 
 @dataclass(frozen=True)
 class Command:
-    """One command of README: its text, its line, and why it is skipped (None: it runs)."""
+    """One command of a page: its text, its line, why it is skipped (None: it runs), and the
+    page (relative to the repository)."""
 
     text: str
     line: int
     skip: str | None
+    page: str = "README.md"
+
+    @property
+    def key(self) -> str:
+        """The command without its inline comment and extra spaces: the same command on two
+        pages has one key."""
+        return " ".join(self.text.partition("  #")[0].split())
 
     def shrunk(self) -> tuple[str, dict[str, str]]:
         """The command with its budget shrunk, and the environment variables that do it."""
@@ -69,7 +81,7 @@ _FENCE = re.compile(r"^```(\w*)\s*$")
 _MARK = re.compile(r"^<!--\s*(needs|skip):\s*(.*?)\s*-->\s*$")
 
 
-def readme_commands(text: str) -> list[Command]:
+def readme_commands(text: str, page: str = "README.md") -> list[Command]:
     """The commands of ``text``'s fenced bash blocks, each with its block's skip reason."""
     out: list[Command] = []
     lines = text.splitlines()
@@ -91,7 +103,7 @@ def readme_commands(text: str) -> list[Command]:
                     if body.rstrip().endswith("\\"):
                         pending += body.rstrip()[:-1].rstrip() + " "
                     else:
-                        out.append(Command((pending + body.strip()).strip(), start, mark))
+                        out.append(Command((pending + body.strip()).strip(), start, mark, page))
                         pending = ""
                 i += 1
             mark = None
@@ -106,7 +118,20 @@ def readme_commands(text: str) -> list[Command]:
     return out
 
 
-COMMANDS = readme_commands(README.read_text())
+def page_commands(pages: list[Path]) -> list[Command]:
+    """Every page's commands in order, each command once (where it is first shown)."""
+    out: list[Command] = []
+    seen: set[str] = set()
+    for path in pages:
+        name = str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else path.name
+        for cmd in readme_commands(path.read_text(), name):
+            if cmd.key not in seen:
+                seen.add(cmd.key)
+                out.append(cmd)
+    return out
+
+
+COMMANDS = page_commands(PAGES)
 _RESULTS: list[tuple[str, str, float]] = []
 
 
@@ -143,11 +168,30 @@ def test_readme_has_commands_and_every_marker_belongs_to_a_block():
         ".venv/bin/python -m ebrl.train seed=3 budget.iterations=1  # note",
         {},
     )
-    text = README.read_text().splitlines()
-    for n, line in enumerate(text):
-        if _MARK.match(line):
-            nxt = next(x for x in text[n + 1 :] if x.strip())
-            assert _FENCE.match(nxt), f"README line {n + 1}: a marker not before a fenced block"
+    for page in PAGES:
+        text = page.read_text().splitlines()
+        for n, line in enumerate(text):
+            if _MARK.match(line):
+                nxt = next(x for x in text[n + 1 :] if x.strip())
+                where = f"{page.relative_to(ROOT)} line {n + 1}"
+                assert _FENCE.match(nxt), f"{where}: a marker not before a fenced block"
+
+
+def test_every_page_a_user_reads_is_covered_and_a_repeated_command_runs_once(tmp_path):
+    """The docs' commands are run too (README links to them), and a command shown on two
+    pages, whatever its comment, runs once: where it is shown first."""
+    assert {c.page for c in COMMANDS} >= {"README.md", "REPRODUCE.md", "docs/launchers.md"}
+    keys = [c.key for c in COMMANDS]
+    assert len(keys) == len(set(keys))
+    a, b = tmp_path / "a.md", tmp_path / "b.md"
+    a.write_text("```bash\nmake x   # one\nmake y\n```\n")
+    b.write_text("<!-- skip: no -->\n```bash\nmake x  # two\nmake z\n```\n")
+    got = [(Path(c.page).name, c.text, c.skip) for c in page_commands([a, b])]
+    assert got == [
+        ("a.md", "make x   # one", None),
+        ("a.md", "make y", None),
+        ("b.md", "make z", "no"),
+    ]
 
 
 def _no_reinstall(cmd: str, env: dict[str, str]) -> None:
@@ -163,13 +207,13 @@ def _no_reinstall(cmd: str, env: dict[str, str]) -> None:
 
 
 @pytest.mark.timeout(TIMEOUT + 60)
-@pytest.mark.parametrize("cmd", COMMANDS, ids=[f"L{c.line}" for c in COMMANDS])
+@pytest.mark.parametrize("cmd", COMMANDS, ids=[f"{c.page}:L{c.line}" for c in COMMANDS])
 def test_readme_command_runs_as_written(cmd: Command):
     if os.environ.get(ENABLE) != "1":
         pytest.skip(f"the README commands run in `make test-readme` ({ENABLE}=1)")
     if cmd.skip is not None:
         _RESULTS.append(("skipped", f"skipped ({cmd.skip}): {cmd.text}", 0.0))
-        pytest.skip(f"README line {cmd.line}: {cmd.skip}")
+        pytest.skip(f"{cmd.page} line {cmd.line}: {cmd.skip}")
     text, extra = cmd.shrunk()
     env = {**os.environ, "PYTHONPATH": str(ROOT), **extra}
     env.pop(ENABLE, None)
@@ -197,10 +241,12 @@ def test_readme_command_runs_as_written(cmd: Command):
             os.killpg(proc.pid, signal.SIGKILL)
             out, _ = proc.communicate()
         _RESULTS.append(("TIMEOUT", shown, time.perf_counter() - t0))
-        pytest.fail(f"README line {cmd.line}: not done in {TIMEOUT} s\n{out[-4000:]}")
+        pytest.fail(f"{cmd.page} line {cmd.line}: not done in {TIMEOUT} s\n{out[-4000:]}")
     secs = time.perf_counter() - t0
     print("\n".join(out.splitlines()[-8:]), flush=True)
     noise = [n for n in NOISE if n in out]
     _RESULTS.append(("passed" if proc.returncode == 0 and not noise else "FAILED", shown, secs))
-    assert proc.returncode == 0, f"README line {cmd.line}: exit {proc.returncode}\n{out[-4000:]}"
-    assert not noise, f"README line {cmd.line}: printed {noise}\n{out[-4000:]}"
+    assert proc.returncode == 0, (
+        f"{cmd.page} line {cmd.line}: exit {proc.returncode}\n{out[-4000:]}"
+    )
+    assert not noise, f"{cmd.page} line {cmd.line}: printed {noise}\n{out[-4000:]}"
