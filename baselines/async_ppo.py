@@ -1,4 +1,4 @@
-"""RLinf's asynchronous PPO as a scheduler over ebrl's workers; see README.md, "What is here".
+"""RLinf's asynchronous PPO as a scheduler over ebrl's workers; see docs/README.md, "The code".
 
 What it reproduces (RLinf v0.3, e.g. ``examples/embodiment/config/
 maniskill_async_ppo_openvlaoft.yaml``, launched by ``examples/embodiment/train_async.py``):

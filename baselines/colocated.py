@@ -1,4 +1,4 @@
-"""RLinf's Colocated mode as a scheduler over ebrl's stages; see README.md, "What is here".
+"""RLinf's Colocated mode as a scheduler over ebrl's stages; see docs/README.md, "The code".
 
 What it reproduces (RLinf v0.3):
 

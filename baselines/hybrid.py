@@ -1,6 +1,6 @@
 """RLinf's Hybrid (disaggregated) mode as a scheduler over ebrl's workers (README.md).
 
-The baselines are listed in README.md, "What is here".
+The baselines are listed in docs/README.md, "The code".
 
 What it reproduces (RLinf v0.3, e.g. ``examples/embodiment/config/maniskill_ppo_openvla.yaml``):
 

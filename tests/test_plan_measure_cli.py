@@ -1,5 +1,5 @@
 """``python -m ebrl.plan.measure``'s command line: its defaults fit the machine it runs on, and a
-CPU level that is not a thread count is refused by name (README, "Planning capacity")."""
+CPU level that is not a thread count is refused by name (docs/planning.md)."""
 
 from __future__ import annotations
 
