@@ -56,6 +56,7 @@ from ebrl.config import ConfigError, LauncherKind, RunConfig, register, target_m
 from ebrl.hardware import MachineFacts, local_machine
 from ebrl.memory import dry_run_lines as memory_lines
 
+log = logging.getLogger(__name__)
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 #: keys that never change what or where a job runs: jobs differing only in these share a check
 _SEED_KEYS = {"seed"}
@@ -386,12 +387,14 @@ class _Once(logging.Filter):
 
 
 class SubmititRepeats(logging.Filter):
-    """Lets Submitit's "Bypassing sacct error" through once per process, and counts the rest.
+    """Says Submitit's "Bypassing sacct error" once per process, in one line, and counts the rest.
 
     Where Slurm keeps no accounting (``sacct`` exits 1, as on a single-node Slurm without
-    slurmdbd) Submitit warns on every poll of every job, through each of its handlers; it still
-    finishes, reading the jobs' result files. The first warning says that later ones are not
-    shown; ``dropped`` counts them.
+    slurmdbd) Submitit warns on every poll of every job, and each warning goes out three times:
+    through Submitit's stdout and stderr handlers and through the root logger's. The first is
+    logged once, by this module's logger, saying that later ones are not shown; Submitit's own
+    records of it are dropped and counted (``dropped``). Submitit still finishes: it reads the
+    jobs' result files.
     """
 
     MARK = "Bypassing sacct error"
@@ -408,12 +411,12 @@ class SubmititRepeats(logging.Filter):
             self.dropped += 1
             return False
         self._said = True
-        record.msg = (
-            f"{record.getMessage()} (Submitit repeats this on every poll where Slurm keeps no "
-            "accounting; later repeats are not shown)"
+        log.warning(
+            "Submitit: %s (it says so on every poll where Slurm keeps no accounting; later "
+            "repeats are not shown)",
+            record.getMessage(),
         )
-        record.args = ()
-        return True
+        return False
 
 
 def quiet_submitit_repeats() -> SubmititRepeats:

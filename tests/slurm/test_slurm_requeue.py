@@ -1,6 +1,7 @@
 """Preemption on a real Slurm (issue 15): one training job submitted through ``ebrl.launch``
-(launcher=slurm, Submitit), requeued twice with ``scontrol requeue`` while it trains, finishes as
-one MLflow run that resumed from its run folder each time.
+(launcher=slurm, Submitit), requeued twice while it trains (``scontrol requeue``, then the
+time-limit warning USR2 to every process of the job), finishes as one MLflow run that resumed
+from its run folder each time, and says so (``fault/attempts``) without tracebacks (issue 45).
 
 Needs a Slurm that answers ``sinfo`` (``make test-slurm`` starts a single-node one with
 scripts/slurm_local.sh and stops it afterwards); skipped otherwise. Run one case at a time: each
@@ -196,10 +197,13 @@ def test_requeued_twice_resumes_into_one_finished_mlflow_run(slurm, tmp_path, sc
                 420,
             )
             at = _iterations(job.progress)
-            req = subprocess.run(
-                ["scontrol", "requeue", job.jid], capture_output=True, text=True, timeout=30
-            )
-            assert req.returncode == 0, f"scontrol requeue {job.jid}: {req.stderr}"
+            # the first by preemption (SIGTERM), the last by the time-limit warning Submitit
+            # asks for (USR2 to every process of the job's steps: Submitit requeues the job)
+            how = ["scontrol", "requeue", job.jid]
+            if k == REQUEUES:
+                how = ["scancel", "--signal=USR2", job.jid]
+            req = subprocess.run(how, capture_output=True, text=True, timeout=30)
+            assert req.returncode == 0, f"{' '.join(how)}: {req.stderr}"
             t_req = job.t()
             pend = job.wait(f"job {job.jid} PENDING after requeue {k}", lambda: _pending(job), 120)
             done = _iterations(job.progress)
@@ -257,6 +261,17 @@ def test_requeued_twice_resumes_into_one_finished_mlflow_run(slurm, tmp_path, sc
     assert all(a < b for a, b in itertools.pairwise(steps)), steps  # continued, never restarted
     summary = json.loads((job.sweep / "0" / "summary.json").read_text())
     assert summary["status"] == "FINISHED" and summary["iterations"] == ITERATIONS, summary
+    # the FINISHED run shows its attempts, each stopped one a preemption (issue 45)
+    latest = {
+        k: max(client.get_metric_history(run.info.run_id, k), key=lambda m: m.timestamp).value
+        for k in ("fault/attempts", "fault/preemptions")
+    }
+    assert latest == {"fault/attempts": REQUEUES + 1, "fault/preemptions": REQUEUES}, latest
+    # what the user reads: Submitit's sacct warning once in the launcher's log, and no
+    # resource-tracker traceback in the job's (USR2 reached every process of the job)
+    assert job.log.read_text().count("Bypassing sacct error") <= 1, _tail(job.log)
+    everything = job.logs(n=10**7)
+    assert "KeyError" not in everything and "resource_tracker" not in everything, everything
     print(
         f"[{scheduler}] one MLflow run {run.info.run_id}: FINISHED, resumed=true, "
         f"{len(steps)} points of env/steps_total ({int(steps[0])} .. {int(steps[-1])}), "
