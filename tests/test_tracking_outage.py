@@ -314,10 +314,14 @@ def test_resumed_job_sends_only_what_was_not_sent(server, tmp_path, monkeypatch)
 
     monkeypatch.setattr(MlflowClient, "log_batch", recording)
     again = tracker(server, run_dir, resume_id=first.run_id)
-    assert sorted(sent) == [(k, s) for k in sorted(KEYS) for s in (4, 5)]  # not 1..3 again
+    # not 1..3 again; then the second attempt's counts (the first died: not a preemption)
+    counts = [("fault/attempts", 0), ("fault/preemptions", 0)]
+    assert sorted(sent) == sorted([(k, s) for k in KEYS for s in (4, 5)] + counts)
     log_step(again, 6)
     again.finish()
-    assert sorted(step for _, step in sent) == [4, 4, 5, 5, 6, 6]
+    assert sorted(step for _, step in sent) == [0, 0, 4, 4, 5, 5, 6, 6]
+    run = MlflowClient(server.uri).get_run(first.run_id)
+    assert (run.data.metrics["fault/attempts"], run.data.metrics["fault/preemptions"]) == (2, 0)
     assert_history(server.uri, first.run_id, [1, 2, 3, 4, 5, 6], run_dir / SPOOL_NAME)
     assert MlflowClient(server.uri).get_run(first.run_id).info.status == "FINISHED"
 
@@ -327,5 +331,5 @@ def test_resumed_job_sends_only_what_was_not_sent(server, tmp_path, monkeypatch)
     assert (run_dir / f"mlflow_spool.{first.run_id}.state.json").exists()
     log_step(new, 1)
     new.finish()
-    assert len((run_dir / SPOOL_NAME).read_text().splitlines()) == 1
+    assert len((run_dir / SPOOL_NAME).read_text().splitlines()) == 2  # its counts, step 1
     assert_history(server.uri, new.run_id, [1], run_dir / SPOOL_NAME)
