@@ -7,10 +7,15 @@ resources (``scheduler.resources``), and for a sim worker the generator replica 
 :func:`place` is a pure function of the asks and the cluster's :class:`Node` s (unit-tested
 without Ray):
 
-* GPU asks go to nodes with GPUs; fractional shares are packed onto a node's GPUs, never past
-  its GPU count; a whole ask (1, 2, ...) takes whole free GPUs. Learner ranks fill a node before
-  the next (a data-parallel group prefers one node), generator replicas are spread (round robin
-  weighted by capacity).
+* GPU asks go to nodes with GPUs; a whole ask (1, 2, ...) takes whole free GPUs. A share goes
+  first to a GPU that holds no worker of its role, so each learner rank owns its GPU (NCCL
+  needs one device per rank) and each GPU gets one replica; only when every GPU holds one are
+  shares packed, never past a node's GPU count. Learner ranks fill a node's GPUs before the
+  next node's (a data-parallel group prefers one node), generator replicas are spread (round
+  robin weighted by capacity).
+* A role pinned to a node group (``placement.groups.<role>``: a custom resource or label the
+  group's nodes declare) goes only to those nodes; a group no node is in is refused before
+  anything is placed (:func:`check_groups`).
 * A sim worker that ``feeds`` a replica goes to that replica's node (its actions and
   observations stay node-local) when that node can take its ask; otherwise (its custom
   resources are elsewhere, the node is full), and for sims that feed none, it is spread round
@@ -179,7 +184,8 @@ class Placement:
         ask: the worker's ask.
         node: the node it runs on.
         gpu_slots: the node-local GPU indices the plan counted it on (a hint for reading the
-            plan: Ray assigns the GPU ids itself, ``ray.get_gpu_ids()`` in the actor).
+            plan: Ray assigns the GPU ids itself, ``ray.get_gpu_ids()`` in the actor, packing
+            shares onto a GPU in the order the actors are created).
         num_cpus: the CPUs Ray accounts for it (0 unless placed with ``count_cpus=True``).
         local: for a sim worker that feeds a replica, whether it is on the replica's node
             (False: that node could not take its ask); None otherwise.
