@@ -34,6 +34,7 @@ from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
 from ebrl.algos.grpo import GRPOConfig
 from ebrl.algos.ppo import PPOConfig
 from ebrl.hardware import MachineFacts, local_machine
+from ebrl.runtime.placement import PlacementConfig
 
 log = logging.getLogger(__name__)
 
@@ -807,6 +808,8 @@ class LauncherNode:
     exclusive: bool = False
     #: shell lines the sbatch script runs first (module load, source .venv/bin/activate)
     setup: list[str] = field(default_factory=list)
+    #: issue 43: let a GPU job through the dry run that leaves GPUs idle or computes on the CPU
+    allow_idle_gpus: bool = False
 
 
 @dataclass
@@ -1206,6 +1209,8 @@ class RunConfig:
     launcher: LauncherNode = field(default_factory=LauncherNode)
     #: the roles at scale (replicas, learner ranks, GPU shares) for ebrl / hybrid / async
     scale: ScaleConfig = field(default_factory=ScaleConfig)
+    #: issue 43: the node group each role is pinned to (placement.groups.sim: rtx)
+    placement: PlacementConfig = field(default_factory=PlacementConfig)
     #: which variant of a sweep axis this run is (e.g. ablation/full); a param in MLflow
     variant: str = ""
     #: run seed: policy init, sampling, env reset seeds

@@ -55,11 +55,23 @@ from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 from ebrl.config import ConfigError, LauncherKind, RunConfig, register, target_machine, validate
 from ebrl.hardware import MachineFacts, local_machine
 from ebrl.memory import dry_run_lines as memory_lines
+from ebrl.runtime.placement import (
+    Placement,
+    PlacementError,
+    fake_cluster,
+    gpus_used,
+    place,
+    placement_groups,
+    role_asks,
+)
 
 log = logging.getLogger(__name__)
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 #: keys that never change what or where a job runs: jobs differing only in these share a check
 _SEED_KEYS = {"seed"}
+#: the key that lets a GPU job through the dry run with GPUs it reserves idle, or its policy
+#: on the CPU cores (issue 43)
+IDLE_OK = "launcher.allow_idle_gpus"
 
 
 @dataclass(frozen=True)
@@ -248,29 +260,127 @@ _Checked = tuple[
 ]
 
 
+def _asked(job: dict[str, Any]) -> int:
+    """The GPUs a job reserves: nodes x GPUs per node."""
+    lau = job.get("launcher") or {}
+    return int(lau.get("nodes", 1) or 1) * int(lau.get("gpus_per_node", 0) or 0)
+
+
+def _placed(job: dict[str, Any]) -> list[Placement]:
+    """A job's roles placed as its run places them (``placement.role_asks``, ``place``) on a
+    cluster of the shape its launcher reserves (``placement.fake_cluster``: the nodes a Slurm
+    job of that many tasks starts). Node groups are left out: which nodes declare them is
+    the cluster's, checked when the run starts."""
+    sched, lau = job["scheduler"], job.get("launcher") or {}
+    nodes = fake_cluster(
+        int(lau.get("nodes", 1) or 1),
+        int(lau.get("gpus_per_node", 0) or 0),
+        float(lau.get("cpus_per_task") or 1),
+    )
+    keys = {"gen": "scale.gen_gpus", "learner": "scale.learner_gpus"}
+    return place(role_asks(sched), nodes, gpu_setting=keys)
+
+
+def _per_gpu(placed: list[Placement]) -> str:
+    """``per GPU: 1 gen + 1 learner (x8); per node: 32 env workers (x2)``."""
+    from collections import Counter
+
+    gpus: dict[tuple[str, int], list[str]] = {}
+    sims: Counter[str] = Counter()
+    for p in placed:
+        for slot in p.gpu_slots:
+            gpus.setdefault((p.node.node_id, slot), []).append(p.role)
+        if p.role == "sim":
+            sims[p.node.node_id] += 1
+    held = Counter(
+        " + ".join(f"{n} {r}" for r, n in sorted(Counter(rs).items())) for rs in gpus.values()
+    )
+    parts = [f"{k} (x{n})" for k, n in sorted(held.items())]
+    node_sims = Counter(sims.values())
+    out = f"per GPU: {', '.join(parts) or 'none'}"
+    return (
+        out
+        + "; per node: "
+        + ", ".join(f"{k} env workers (x{n})" for k, n in sorted(node_sims.items()))
+    )
+
+
 def roles_line(job: dict[str, Any]) -> str:
     """What a job's scheduler places, per role, and how many of the GPUs it asks Slurm for
-    that uses: env workers, generator replicas x GPU share, learner ranks x GPU share.
+    that uses (its roles placed on a cluster of the job's shape, :func:`_placed`): env
+    workers, generator replicas x GPU share, learner ranks x GPU share, what each GPU holds.
 
     A scheduler without roles (sync, colocated: every stage in the driver process) uses at most
     one device; a real RLinf launch places its own components."""
     sched = job.get("scheduler") or {}
     lau = job.get("launcher") or {}
-    asked = int(lau.get("nodes", 1) or 1) * int(lau.get("gpus_per_node", 0) or 0)
+    asked = _asked(job)
+    groups = placement_groups(job)
+    pinned = "; node groups: " + ", ".join(f"{r} on {g}" for r, g in groups.items())
+    pinned = pinned if groups else ""
     if "gen_replicas" not in sched:
         kind = str(sched.get("_target_", "?")).rsplit(".", 1)[-1]
-        line = f"roles: {kind} runs every stage in one process; GPUs asked {asked}"
-        return line + _cluster_note(lau, sched)
+        on_gpu = str((job.get("gpu") or {}).get("name", "cpu")) != "cpu"
+        used = min(asked, 1) if on_gpu else 0
+        line = f"roles: {kind} runs every stage in one process; GPUs used {used} of {asked} asked"
+        return line + _cluster_note(lau, sched) + pinned
     r, ll = int(sched["gen_replicas"]), int(sched["learner_ranks"])
     gg, lg = float(sched["gen_gpus"]), float(sched["learner_gpus"])
-    used = r * gg + ll * lg
+    try:
+        placed = _placed(job)
+        used, where = gpus_used(placed), "; " + _per_gpu(placed)
+    except PlacementError as e:
+        used, where = 0, f"; cannot place: {e}"
     line = (
         f"roles: {sched['sim_workers']} env workers, {r} gen replica(s) x {gg:g} GPU, "
         f"{ll} learner rank(s) x {lg:g} GPU; GPUs used {used:g} of {asked} asked"
     )
     if asked and used < asked:
         line += " (set scheduler.gen_replicas/learner_ranks/gen_gpus/learner_gpus to use all)"
-    return line + _cluster_note(lau, sched)
+    return line + where + _cluster_note(lau, sched) + pinned
+
+
+def gpu_refusal(job: dict[str, Any]) -> str | None:
+    """Why the dry run refuses a GPU job (one that reserves GPUs): it would leave some idle,
+    or compute its policy on the CPU cores; None when it uses every GPU it reserves, or
+    ``launcher.allow_idle_gpus`` (:data:`IDLE_OK`) says to let it through."""
+    asked = _asked(job)
+    if not asked or (job.get("launcher") or {}).get("allow_idle_gpus"):
+        return None
+    sched = job.get("scheduler") or {}
+    ok = f"or set {IDLE_OK}=true to run it so anyway"
+    if str((job.get("gpu") or {}).get("name", "cpu")) == "cpu":
+        return (
+            f"reserves {asked} GPU(s) but gpu=cpu: the policy would compute on the CPU cores; "
+            f"set gpu=<the GPU type> (conf/gpu/), or launcher.gpus_per_node=0, {ok}"
+        )
+    if "gen_replicas" not in sched:
+        if asked == 1:
+            return None
+        kind = str(sched.get("_target_", "?")).rsplit(".", 1)[-1]
+        return (
+            f"{kind} runs every stage in one process: it would compute on 1 GPU of the {asked} "
+            "this job reserves, a weakened baseline (a Colocated worker per GPU with "
+            "data-parallel learner ranks, as RLinf runs it, is not implemented here); give it "
+            f"one GPU (launcher.nodes=1 launcher.gpus_per_node=1), {ok}"
+        )
+    if not (float(sched.get("gen_gpus") or 0) or float(sched.get("learner_gpus") or 0)):
+        return (
+            f"reserves {asked} GPU(s) but the generator and the learner ask for no GPU share "
+            "(scale.gen_gpus = scale.learner_gpus = 0): the policy would compute on the CPU "
+            f"cores; pick a scale point with the job's GPUs (+axis/scale=g{asked}), {ok}"
+        )
+    try:
+        used = gpus_used(_placed(job))
+    except PlacementError as e:
+        return f"its roles do not fit the {asked} GPU(s) it reserves: {e}"
+    if used < asked:
+        return (
+            f"its roles use {used} of the {asked} GPUs it reserves ({roles_line(job)}): give "
+            "every GPU a replica and a learner rank (scale.gen_replicas, scale.learner_ranks, "
+            f"or +axis/scale=g{asked}), {ok}"
+        )
+    return None
 
 
 def _cluster_note(lau: dict[str, Any], sched: dict[str, Any]) -> str:
@@ -368,7 +478,11 @@ def _check_job(sweep: str, overrides: list[str]) -> _Checked:
         return kind, params, f"{type(e).__name__}: {e}", store, None, ()
     plain: dict = OmegaConf.to_container(job, resolve=True)  # type: ignore[assignment]
     # an RLinf job's own line (its translation); else the roles and each role's memory
-    roles = getattr(own, "line", None) or roles_line(plain) + memory_lines(plain)
+    roles = getattr(own, "line", None)
+    if roles is None:
+        if (refusal := gpu_refusal(plain)) is not None:
+            return kind, params, refusal, store, None, ()
+        roles = roles_line(plain) + memory_lines(plain)
     return kind, params, None, store, roles, missing
 
 

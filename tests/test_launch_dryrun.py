@@ -164,7 +164,17 @@ def test_a_warning_validate_gives_every_job_is_printed_once(capsys, monkeypatch,
 
     monkeypatch.delenv("EBRL_CHECKPOINTS")
     with caplog.at_level(logging.WARNING, logger="ebrl.config"):
-        code, _ = dry_run(capsys, "headline_full", "policy=pi0", "simulator=libero_vla", "seed=0")
+        code, _ = dry_run(
+            capsys,
+            "headline_full",
+            "policy=pi0",
+            "simulator=libero_vla",
+            "seed=0",
+            "scheduler=hybrid,ebrl",
+            "scale.gen_gpus=0",  # the policy on the CPU, let through: validate() warns
+            "scale.learner_gpus=0",
+            "launcher.allow_idle_gpus=true",
+        )
     shares = [r for r in caplog.records if "ask for no GPU share" in r.getMessage()]
     assert code == 0
     assert sorted(r.getMessage().split(",")[0] for r in shares) == ["gpu=a100", "gpu=h100"]
@@ -267,3 +277,43 @@ def test_train_refuses_an_axis_before_its_sweep():
         ConfigError, match=r"\+axis/algo=grpo_g4 comes before \+sweep=grpo.*ebrl\.launch"
     ):
         check_override_order(["+axis/algo=grpo_g4", "scheduler=sync", "+sweep=grpo"])
+
+
+# --- every GPU a job reserves is used (issue 43) -----------------------------------------------
+def test_the_full_size_jobs_on_ebrls_workers_use_every_gpu_they_reserve(capsys):
+    code, out = dry_run(capsys, "headline_full", "policy=pi0", "gpu=h100", "seed=0")
+    assert code == 1  # the Colocated job: below
+    assert "GPUs used 8 of 8 asked; per GPU: 1 gen + 1 learner (x8); per node: 64 env" in out
+    for sched in ("Hybrid", "Async", "EBRL"):  # each job's roles are printed
+        assert f"scheduler={sched.lower()} seed=0" in out
+    assert out.count("GPUs used 8 of 8 asked") == 3
+    assert "computes on the CPU" not in out
+
+
+def test_colocated_on_eight_gpus_is_refused_naming_the_override(capsys):
+    code, out = dry_run(
+        capsys, "headline_full", "policy=pi0", "gpu=h100", "scheduler=colocated", "seed=0"
+    )
+    assert code == 1 and "1 job(s) fail validation" in out
+    assert "ColocatedScheduler runs every stage in one process: it would compute on 1 GPU of " \
+        "the 8 this job reserves" in out  # fmt: skip
+    assert "launcher.allow_idle_gpus=true" in out
+    code, out = dry_run(
+        capsys,
+        "headline_full",
+        "policy=pi0",
+        "gpu=h100",
+        "scheduler=colocated",
+        "seed=0",
+        "launcher.allow_idle_gpus=true",
+    )
+    assert code == 0 and "GPUs used 1 of 8 asked" in out
+
+
+def test_a_gpu_job_whose_policy_would_compute_on_the_cpu_is_refused(capsys):
+    args = ("headline_full", "policy=pi0", "gpu=h100", "scheduler=ebrl", "seed=0")
+    code, out = dry_run(capsys, *args, "scale.gen_gpus=0", "scale.learner_gpus=0")
+    assert code == 1 and "the policy would compute on the CPU cores" in out
+    assert "+axis/scale=g8" in out and "launcher.allow_idle_gpus=true" in out
+    code, out = dry_run(capsys, *args, "scale.gen_replicas=4", "scale.learner_ranks=4")
+    assert code == 1 and "its roles use 4 of the 8 GPUs it reserves" in out

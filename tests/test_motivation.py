@@ -323,10 +323,14 @@ def test_motivation_sweeps_plan(tmp_path):
     from ebrl import launch
 
     full = launch.plan("motivation_full", [f"tracking.store={tmp_path}"])
-    assert not full.errors and full.n_jobs == 4
+    # Colocated runs every stage in one process: 1 GPU of the node's 8, refused (issue 43)
+    ((colocated, why),) = full.errors
+    assert colocated.overrides[0] == "+axis/motivation=colocated"
+    assert "1 GPU of the 8" in why and "launcher.allow_idle_gpus=true" in why
+    assert full.n_jobs == 3
     (array,) = full.arrays
     assert array.launcher == "slurm" and array.params["gpus_per_node"] == 8
     assert [j.overrides for j in array.jobs] == [
         (f"+axis/motivation={s}", "seed=0", f"tracking.store={tmp_path}")
-        for s in ("colocated", "hybrid", "async", "ebrl")
+        for s in ("hybrid", "async", "ebrl")
     ]

@@ -84,6 +84,21 @@ def test_fractional_shares_are_packed_never_past_the_gpu_count():
         place(shares, nodes)
 
 
+def test_each_learner_rank_owns_its_gpu_and_each_gpu_gets_one_replica():
+    """Half-GPU shares, as a scale point asks (issue 43): learner ranks are not packed two to
+    a GPU (their process group would fall back to gloo), replicas take one GPU each, and the
+    ranks of two 8-GPU nodes fill one node, one rank per GPU, before the next."""
+    nodes = [node("a", gpus=8), node("b", gpus=8)]
+    asks = [Ask("learner", i, gpus=0.5) for i in range(16)]
+    asks += [Ask("gen", r, gpus=0.5) for r in range(16)]
+    ps = place(asks, nodes)
+    held = Counter((p.node.node_id, p.gpu_slots, p.role) for p in ps)
+    assert set(held.values()) == {1}  # no GPU holds two of one role
+    assert len({(p.node.node_id, p.gpu_slots) for p in ps}) == 16  # every GPU used
+    learners = [p for p in ps if p.role == "learner"]
+    assert nodes_of(learners) == ["a"] * 8 + ["b"] * 8
+
+
 def test_refusal_names_role_ask_and_capacity():
     cpu_only = [node("a"), node("b")]
     asks = [Ask("learner", 0), Ask("learner", 1, gpus=1)]
@@ -197,7 +212,8 @@ def test_describe_lists_every_worker_and_node():
     assert lines[0].split()[:3] == ["role", "index", "node"]
     assert any(ln.split()[:2] == ["learner", "0"] and "50" in ln for ln in lines)
     assert any(ln.startswith("sim") and "gen 0" in ln and "(pinned)" in ln for ln in lines)
-    assert "node 10.0.0.1/67000000: 1 learner, 1 gen, 1 sim; GPUs 0.75/1" in text
+    assert "gpu 10.0.0.1/67000000#0: learner 0 (50%), gen 0 (25%)" in text
+    assert "node 10.0.0.1/67000000: 1 learner, 1 gen, 1 sim (env workers 0); GPUs 0.75/1" in text
 
 
 # --- the backends take the options ------------------------------------------------------------

@@ -459,9 +459,9 @@ def test_a_learner_of_l_ranks_trains_a_share_each_and_all_reduces():
         ring = 2 * 2 * (ranks - 1) / ranks * 2e9 / (200e9)
         assert s.costs.train_s == pytest.approx(share + ring)
         assert s.costs.train_s < t1
-        # each rank's share of a GPU, packed two to a GPU as the engine's placement packs them
+        # each rank's share of a GPU, each rank on its own GPU as the engine places them
         assert sum(d for _, d in s.layout.learner) == pytest.approx(0.5 * ranks)
-        assert len(s.layout.learner) == ranks // 2
+        assert len(s.layout.learner) == ranks
     # six whole-GPU ranks fill the first node and spill onto the second: the ring crosses nodes
     wide = build(
         "async", prof, dataclasses.replace(base, learner_ranks=6, learner_gpus=1.0), two_nodes

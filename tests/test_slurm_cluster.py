@@ -812,7 +812,11 @@ def test_srun_binds_each_task_to_the_cpus_the_job_asked_for(tmp_path):
 def test_dry_run_says_a_two_node_job_starts_a_ray_cluster():
     from ebrl.launch import describe, plan
 
-    p = plan("scaling_full", ["+axis/scale=g16", "scheduler=ebrl,colocated", "seed=0"])
+    # Colocated on 16 GPUs uses one: the dry run refuses it unless let through (issue 43)
+    p = plan(
+        "scaling_full",
+        ["+axis/scale=g16", "scheduler=ebrl,colocated", "seed=0", "launcher.allow_idle_gpus=true"],
+    )
     assert not p.errors
     text = describe(p, dry_run=True)
     print(text)

@@ -7,10 +7,15 @@ resources (``scheduler.resources``), and for a sim worker the generator replica 
 :func:`place` is a pure function of the asks and the cluster's :class:`Node` s (unit-tested
 without Ray):
 
-* GPU asks go to nodes with GPUs; fractional shares are packed onto a node's GPUs, never past
-  its GPU count; a whole ask (1, 2, ...) takes whole free GPUs. Learner ranks fill a node before
-  the next (a data-parallel group prefers one node), generator replicas are spread (round robin
-  weighted by capacity).
+* GPU asks go to nodes with GPUs; a whole ask (1, 2, ...) takes whole free GPUs. A share goes
+  first to a GPU that holds no worker of its role, so each learner rank owns its GPU (NCCL
+  needs one device per rank) and each GPU gets one replica; only when every GPU holds one are
+  shares packed, never past a node's GPU count. Learner ranks fill a node's GPUs before the
+  next node's (a data-parallel group prefers one node), generator replicas are spread (round
+  robin weighted by capacity).
+* A role pinned to a node group (``placement.groups.<role>``: a custom resource or label the
+  group's nodes declare) goes only to those nodes; a group no node is in is refused before
+  anything is placed (:func:`check_groups`).
 * A sim worker that ``feeds`` a replica goes to that replica's node (its actions and
   observations stay node-local) when that node can take its ask; otherwise (its custom
   resources are elsewhere, the node is full), and for sims that feed none, it is spread round
@@ -42,6 +47,8 @@ ROLES = ("learner", "gen", "sim")
 ROLE_NOUN = {"sim": "sim worker", "gen": "gen replica", "learner": "learner rank"}
 #: Ray resources that are options of their own (``num_cpus``, ``num_gpus``), not ``resources``
 BUILTIN = ("CPU", "GPU")
+#: resources every Ray node reports of itself (not a group a user declares)
+_RAY_OWN = ("node:", "memory", "object_store_memory", "accelerator_type:")
 _EPS = 1e-9
 
 
@@ -64,6 +71,8 @@ class Ask:
         cpus: cores it needs (Ray counts them only with ``place(..., count_cpus=True)``).
         resources: Ray custom resources (``{"sim_node": 0.1}``); never ``CPU``/``GPU``.
         feeds: for a sim worker, the gen replica it sends to (placed on that replica's node).
+        group: the node group it must run on (``placement.groups.<role>``; :func:`in_group`),
+            None: any node.
     """
 
     role: str
@@ -72,6 +81,7 @@ class Ask:
     cpus: float = 0.0
     resources: Mapping[str, float] = field(default_factory=dict)
     feeds: int | None = None
+    group: str | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "resources", _frozen(self.resources))
@@ -102,7 +112,7 @@ class Ask:
 
     def __hash__(self) -> int:
         items = tuple(sorted(self.resources.items()))
-        return hash((self.role, self.index, self.gpus, self.cpus, items, self.feeds))
+        return hash((self.role, self.index, self.gpus, self.cpus, items, self.feeds, self.group))
 
     @property
     def name(self) -> str:
@@ -128,6 +138,7 @@ class Node:
         gpus: GPUs Ray gives it (declared: a test cluster may declare GPUs it has not).
         resources: every other Ray resource of the node (custom ones, ``node:<ip>``, memory).
         head: the head node.
+        labels: the node's Ray labels (``ray start --labels``; Ray's own ``ray.io/...`` too).
     """
 
     node_id: str
@@ -136,9 +147,24 @@ class Node:
     gpus: float
     resources: Mapping[str, float] = field(default_factory=dict)
     head: bool = False
+    labels: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "resources", _frozen(self.resources))
+        object.__setattr__(
+            self, "labels", MappingProxyType({str(k): str(v) for k, v in self.labels.items()})
+        )
+
+    @property
+    def tags(self) -> str:
+        """Its custom resources and its labels, as an error shows them (``rtx=4, zone=b``)."""
+        own = [
+            f"{k}={_fmt_num(v)}"
+            for k, v in sorted(self.resources.items())
+            if not k.startswith(_RAY_OWN)
+        ]
+        own += [f"{k}={v}" for k, v in sorted(self.labels.items()) if not k.startswith("ray.io/")]
+        return ", ".join(own) or "none"
 
     def __hash__(self) -> int:
         return hash((self.node_id, self.address, self.cpus, self.gpus, self.head))
@@ -158,7 +184,8 @@ class Placement:
         ask: the worker's ask.
         node: the node it runs on.
         gpu_slots: the node-local GPU indices the plan counted it on (a hint for reading the
-            plan: Ray assigns the GPU ids itself, ``ray.get_gpu_ids()`` in the actor).
+            plan: Ray assigns the GPU ids itself, ``ray.get_gpu_ids()`` in the actor, packing
+            shares onto a GPU in the order the actors are created).
         num_cpus: the CPUs Ray accounts for it (0 unless placed with ``count_cpus=True``).
         local: for a sim worker that feeds a replica, whether it is on the replica's node
             (False: that node could not take its ask); None otherwise.
@@ -206,10 +233,132 @@ def cluster_nodes(raw: Sequence[Mapping[str, Any]] | None = None) -> list[Node]:
                 gpus=res.pop("GPU", 0.0),
                 resources=res,
                 head="node:__internal_head__" in res,
+                labels={str(k): str(v) for k, v in (n.get("Labels") or {}).items()},
             )
         )
     out.sort(key=lambda x: (not x.head, x.address, x.node_id))
     return out
+
+
+def fake_cluster(
+    nodes: int,
+    gpus_per_node: float,
+    cpus_per_node: float,
+    groups: Mapping[int, Mapping[str, float]] | None = None,
+) -> list[Node]:
+    """The nodes a Ray cluster of that shape reports (``ray.nodes()``'s entries, read by
+    :func:`cluster_nodes`): what a Slurm job of ``nodes`` tasks starts
+    (``ebrl.runtime.slurm_cluster``: node i has the resource ``slurm_task_<i>``), for the dry
+    run and the tests.
+
+    Args:
+        groups: node index -> more custom resources it declares (a node group's name).
+    """
+    raw = []
+    for i in range(nodes):
+        addr = f"10.0.0.{i + 1}"
+        res = {"CPU": float(cpus_per_node), f"node:{addr}": 1.0, f"slurm_task_{i}": 1.0}
+        if gpus_per_node:
+            res["GPU"] = float(gpus_per_node)
+        if i == 0:
+            res["node:__internal_head__"] = 1.0
+        res.update((groups or {}).get(i, {}))
+        raw.append(
+            {"NodeID": f"{i + 1:02x}" * 28, "NodeManagerAddress": addr, "Alive": True,
+             "Resources": res}
+        )  # fmt: skip
+    return cluster_nodes(raw)
+
+
+# --- node groups ------------------------------------------------------------------------------
+@dataclass
+class NodeGroups:
+    """The node group each role is pinned to (None: any node): a custom resource the group's
+    nodes declare (``ray start --resources '{"rtx": 1}'``; a Slurm task's ``slurm_task_<i>``),
+    or a Ray label (the key ``rtx``, or ``key=value``) where the cluster's Ray sets labels."""
+
+    sim: str | None = None
+    gen: str | None = None
+    learner: str | None = None
+
+
+@dataclass
+class PlacementConfig:
+    """The ``placement`` config node: ``placement.groups.sim=rtx`` pins the env workers to the
+    nodes of group ``rtx`` (:class:`NodeGroups`, :func:`in_group`); checked against the
+    cluster before any worker starts (:func:`check_groups`)."""
+
+    groups: NodeGroups = field(default_factory=NodeGroups)
+
+
+def placement_groups(cfg: Mapping[str, Any]) -> dict[str, str]:
+    """A run config's ``placement.groups`` (role -> node group); {} where it has none."""
+    node = cfg.get("placement") or {}
+    return {str(k): str(v) for k, v in (node.get("groups") or {}).items() if v}
+
+
+def in_group(node: Node, group: str) -> bool:
+    """Whether ``node`` is in node group ``group``: it declares a custom resource of that name
+    (more than 0), or a label of that key, or, for ``key=value``, that label."""
+    if node.resources.get(group, 0.0) > 0 or group in node.labels:
+        return True
+    key, eq, value = group.partition("=")
+    return bool(eq) and node.labels.get(key) == value
+
+
+def check_groups(groups: Mapping[str, str | None], nodes: Sequence[Node]) -> None:
+    """Refuse, before any worker starts, a role pinned to a node group no node is in.
+
+    Raises:
+        PlacementError: naming the role's key, the group, and every node seen with its custom
+            resources and labels.
+    """
+    for role, group in groups.items():
+        if role not in ROLE_NOUN:
+            raise PlacementError(
+                f"placement.groups.{role}: {role!r} is not a role; one of {sorted(ROLE_NOUN)}"
+            )
+        if group is None or any(in_group(n, group) for n in nodes):
+            continue
+        seen = "; ".join(f"{n.short}{' (head)' if n.head else ''}: {n.tags}" for n in nodes)
+        raise PlacementError(
+            f"placement.groups.{role}={group}: no node of the cluster is in node group "
+            f"{group!r} (a custom resource or a label of that name); nodes seen ({len(nodes)}): "
+            f"{seen or 'none'}. Start the group's nodes with `ray start --resources "
+            f"'{{\"{group}\": 1}}'` (or --labels {group}=1), or unset placement.groups.{role}"
+        )
+
+
+def role_asks(
+    sched: Mapping[str, Any],
+    groups: Mapping[str, str | None] | None = None,
+) -> list[Ask]:
+    """Every worker's ask for a scheduler on EBRL's workers, from its config node (the run's
+    ``scheduler``: ``sim_workers``, ``gen_replicas``, ``learner_ranks``, ``gen_gpus``,
+    ``learner_gpus``, ``resources``) and ``placement.groups``: what ``EBRLScheduler.placement``
+    places and the dry run checks. Env worker w feeds replica ``replica_of[w]`` (contiguous
+    blocks, ``Roles.replica_of``)."""
+    from ebrl.resources.model.rules import replica_blocks
+
+    res = sched.get("resources") or {}
+    groups = groups or {}
+    workers, replicas = int(sched["sim_workers"]), int(sched["gen_replicas"])
+    replica_of = replica_blocks(workers, replicas)
+    asks = [
+        Ask("sim", w, resources=res.get("sim") or {}, feeds=replica_of[w], group=groups.get("sim"))
+        for w in range(workers)
+    ]
+    asks += [
+        Ask("gen", r, gpus=float(sched["gen_gpus"] or 0), resources=res.get("gen") or {},
+            group=groups.get("gen"))
+        for r in range(replicas)
+    ]  # fmt: skip
+    asks += [
+        Ask("learner", i, gpus=float(sched["learner_gpus"] or 0),
+            resources=res.get("learner") or {}, group=groups.get("learner"))
+        for i in range(int(sched["learner_ranks"]))
+    ]  # fmt: skip
+    return asks
 
 
 # --- placing ----------------------------------------------------------------------------------
@@ -222,35 +371,48 @@ class _Free:
         self.gpu = [1.0] * whole
         if node.gpus - whole > _EPS:  # a declared fraction of a GPU
             self.gpu.append(node.gpus - whole)
+        #: per GPU slot, how many workers of each role it holds
+        self.on_gpu: list[dict[str, int]] = [{} for _ in self.gpu]
         self.cpus = node.cpus
         self.res = dict(node.resources)
         self.count: dict[str, int] = {}
 
-    def gpu_fit(self, gpus: float) -> tuple[int, ...] | None:
-        """The GPU slots an ask of ``gpus`` would take (first fit), or None."""
+    def gpu_fit(self, gpus: float, role: str = "") -> tuple[int, ...] | None:
+        """The GPU slots an ask of ``gpus`` would take, or None. A share goes to the first GPU
+        that holds no worker of its role yet (so each learner rank owns its GPU, and each GPU
+        gets one replica), else to the first GPU it fits (packed)."""
         if gpus <= 0:
             return ()
         if gpus < 1:
-            for i, f in enumerate(self.gpu):
-                if f + _EPS >= gpus:
-                    return (i,)
-            return None
+            fit = [i for i, f in enumerate(self.gpu) if f + _EPS >= gpus]
+            alone = [i for i in fit if not self.on_gpu[i].get(role)]
+            return ((alone or fit)[0],) if fit else None
         free = [i for i, f in enumerate(self.gpu) if f >= 1 - _EPS]
         n = int(gpus)
         return tuple(free[:n]) if len(free) >= n else None
 
+    def alone(self, ask: Ask) -> bool:
+        """Whether a GPU with no worker of ``ask``'s role can take its share."""
+        return any(
+            f + _EPS >= ask.gpus and not self.on_gpu[i].get(ask.role)
+            for i, f in enumerate(self.gpu)
+        )
+
     def fits(self, ask: Ask, count_cpus: bool) -> tuple[int, ...] | None:
+        if ask.group is not None and not in_group(self.node, ask.group):
+            return None
         if count_cpus and self.cpus + _EPS < ask.cpus:
             return None
         for k, v in ask.resources.items():
             if self.res.get(k, 0.0) + _EPS < v:
                 return None
-        return self.gpu_fit(ask.gpus)
+        return self.gpu_fit(ask.gpus, ask.role)
 
     def take(self, ask: Ask, slots: tuple[int, ...], count_cpus: bool) -> None:
         share = ask.gpus if ask.gpus < 1 else 1.0
         for i in slots:
             self.gpu[i] = max(0.0, self.gpu[i] - share)
+            self.on_gpu[i][ask.role] = self.on_gpu[i].get(ask.role, 0) + 1
         if count_cpus:
             self.cpus -= ask.cpus
         for k, v in ask.resources.items():
@@ -285,6 +447,7 @@ def place(
     """
     if not nodes:
         raise PlacementError("no alive Ray node to place workers on")
+    check_groups({a.role: a.group for a in asks if a.group is not None}, nodes)
     seen: set[tuple[str, int]] = set()
     for a in asks:
         if (a.role, a.index) in seen:
@@ -315,11 +478,15 @@ def place(
                 raise PlacementError(_refusal(a, free, count_cpus, gpu_setting))
             chosen, slots = min(fit, key=lambda fs: _load(a, fs[0], free))
             if home is not None:  # an explicit ask (custom resources, GPUs) beats locality
+                why = (
+                    f"which is not in its node group {a.group}"
+                    if a.group is not None and not in_group(home.node, a.group)
+                    else f"which cannot also take {_fmt_ask(a, count_cpus)} (it has "
+                    f"{_fmt_free(home, a, count_cpus)})"
+                )
                 note = (
-                    f"{a.name} feeds gen replica {a.feeds} on node {home.node.short}, which "
-                    f"cannot also take {_fmt_ask(a, count_cpus)} (it has "
-                    f"{_fmt_free(home, a, count_cpus)}): placed on {chosen.node.short}, its "
-                    "traffic crosses nodes"
+                    f"{a.name} feeds gen replica {a.feeds} on node {home.node.short}, {why}: "
+                    f"placed on {chosen.node.short}, its traffic crosses nodes"
                 )
         chosen.take(a, slots, count_cpus)
         where[a.role, a.index] = Placement(
@@ -329,14 +496,16 @@ def place(
 
 
 def _load(a: Ask, f: _Free, free: list[_Free]) -> tuple[float, ...]:
-    """Sort key among the nodes that fit ``a``: smallest first."""
+    """Sort key among the nodes that fit ``a``: smallest first. A GPU share first goes to a
+    node with a GPU that holds none of its role (one learner rank, one replica per GPU)."""
     rank = free.index(f)
-    if a.role == "learner":  # fill one node before the next
-        return (rank,)
+    shared = float(0 < a.gpus < 1 and not f.alone(a))
+    if a.role == "learner":  # fill one node before the next, one rank per GPU
+        return (shared, rank)
     weight = f.node.gpus if a.gpus > 0 else f.node.cpus
     # round robin weighted by capacity: the node with the fewest of this role per unit
     # (a node with twice the GPUs gets twice the replicas); ties: more free GPUs, node order
-    return ((f.count.get(a.role, 0) + 1) / max(weight, 1e-6), -f.free_gpus(), rank)
+    return (shared, (f.count.get(a.role, 0) + 1) / max(weight, 1e-6), -f.free_gpus(), rank)
 
 
 def _fmt_num(x: float) -> str:
@@ -350,6 +519,8 @@ def _fmt_ask(a: Ask, count_cpus: bool) -> str:
     if count_cpus and a.cpus > 0:
         parts.append(f"{_fmt_num(a.cpus)} CPUs")
     parts += [f"{_fmt_num(v)} {k}" for k, v in sorted(a.resources.items())]
+    if a.group is not None:
+        parts.append(f"a node of group {a.group}")
     return ", ".join(parts) or "nothing"
 
 
@@ -371,8 +542,12 @@ def _fmt_free(f: _Free, a: Ask, count_cpus: bool) -> str:
 def _refusal(
     a: Ask, free: list[_Free], count_cpus: bool, gpu_setting: Mapping[str, str] | None
 ) -> str:
-    total = sum(f.node.gpus for f in free)
     ask = _fmt_ask(a, count_cpus)
+    if a.group is not None:
+        free = [f for f in free if in_group(f.node, a.group)]
+        if not free:  # check_groups refuses this before any worker is placed
+            return f"{a.name} is pinned to node group {a.group!r}, which no node is in"
+    total = sum(f.node.gpus for f in free)
     if a.gpus > 0 and total == 0:
         key = (gpu_setting or {}).get(a.role, f"{a.role}.gpus")
         return (
@@ -473,12 +648,20 @@ def record_role_env(actor: Any, timeout_s: float = 60.0) -> dict[str, Any]:
 def describe(
     placements: Sequence[Placement], sm_pct: Mapping[Ask, int | None] | None = None
 ) -> str:
-    """A table a person can read in a log: one row per worker, then one per node.
+    """A table a person can read in a log: one row per worker, then per GPU the roles it holds
+    with their SM quotas, then per node its workers (the env workers by index) and GPUs.
 
     Args:
         sm_pct: each GPU role's SM quota where it is not its share's (pinned quotas).
     """
-    head = ("role", "index", "node", "gpu", "gpu slot", "mps %", "cpus", "resources", "feeds")
+
+    def quota(a: Ask) -> int | None:
+        return (sm_pct or {}).get(a, a.mps_percent)
+
+    head = (
+        "role", "index", "node", "gpu", "gpu slot", "mps %", "cpus", "resources", "group",
+        "feeds",
+    )  # fmt: skip
     rows = [head]
     for p in placements:
         a = p.ask
@@ -489,9 +672,10 @@ def describe(
                 p.node.short,
                 _fmt_num(a.gpus) if a.gpus else "-",
                 ",".join(map(str, p.gpu_slots)) or "-",
-                str(q) if (q := (sm_pct or {}).get(a, a.mps_percent)) is not None else "-",
+                str(q) if (q := quota(a)) is not None else "-",
                 _fmt_num(a.cpus) + ("" if p.num_cpus or not a.cpus else " (pinned)"),
                 ",".join(f"{k}={_fmt_num(v)}" for k, v in sorted(a.resources.items())) or "-",
+                a.group or "-",
                 "-" if a.feeds is None else f"gen {a.feeds}" + ("" if p.local else " (off-node)"),
             )
         )
@@ -501,14 +685,45 @@ def describe(
     for p in placements:
         nodes.setdefault(p.node.node_id, (p.node, []))[1].append(p)
     for node, ps in nodes.values():
+        slots: dict[int, list[str]] = {}
+        for p in ps:
+            for slot in p.gpu_slots:
+                q = quota(p.ask)
+                slots.setdefault(slot, []).append(
+                    f"{p.role} {p.index}" + (f" ({q}%)" if q is not None else " (whole)")
+                )
+        for slot in sorted(slots):
+            lines.append(f"gpu {node.short}#{slot}: {', '.join(slots[slot])}")
+    for node, ps in nodes.values():
         roles = {r: sum(1 for p in ps if p.role == r) for r in ROLES}
         gpus = sum(p.ask.gpus for p in ps)
         cpus = sum(p.ask.cpus for p in ps)
+        sims = _ranges(sorted(p.index for p in ps if p.role == "sim"))
+        idle = int(node.gpus + _EPS) - len({s for p in ps for s in p.gpu_slots})
         lines.append(
             f"node {node.short}{' (head)' if node.head else ''}: "
             + ", ".join(f"{n} {r}" for r, n in roles.items() if n)
+            + (f" (env workers {sims})" if sims else "")
             + f"; GPUs {_fmt_num(gpus)}/{_fmt_num(node.gpus)}"
+            + (f", {idle} idle" if idle > 0 else "")
             + f"; cpus asked {_fmt_num(cpus)}/{_fmt_num(node.cpus)}"
+            + (f"; tags {node.tags}" if node.tags != "none" else "")
         )
     lines += [f"note: {p.note}" for p in placements if p.note]
     return "\n".join(lines)
+
+
+def _ranges(xs: Sequence[int]) -> str:
+    """``0-7,16-23``: sorted integers as runs."""
+    out: list[str] = []
+    for x in xs:
+        if out and int(out[-1].split("-")[-1]) == x - 1:
+            out[-1] = f"{out[-1].split('-')[0]}-{x}"
+        else:
+            out.append(str(x))
+    return ",".join(out)
+
+
+def gpus_used(placements: Sequence[Placement]) -> int:
+    """How many distinct GPUs the placements compute on."""
+    return len({(p.node.node_id, s) for p in placements for s in p.gpu_slots})

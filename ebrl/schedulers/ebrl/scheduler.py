@@ -55,13 +55,14 @@ from ebrl.runtime.backend import InProcessBackend, RayBackend, WorkerDied
 from ebrl.runtime.channel import Inbox, Outbox, new_authkey, node_ip
 from ebrl.runtime.dist import STRATEGIES
 from ebrl.runtime.placement import (
-    Ask,
     Placement,
     cluster_nodes,
     describe,
     place,
+    placement_groups,
     ray_options,
     record_role_env,
+    role_asks,
 )
 from ebrl.runtime.slots import ShmSlots, SlotSpec
 from ebrl.schedulers.base import IterationReport, RunContext, StageError
@@ -429,7 +430,7 @@ class EBRLScheduler:
         to_stages: manage.Links | None = None  # the manager's links to gen and learner
         try:
             self.set_quotas(ctx.factory.cfg)
-            options = self.placement(roles, backend, ctx.run_dir)
+            options = self.placement(roles, backend, ctx.run_dir, placement_groups(ctx.factory.cfg))
 
             def spawn(name: str, role: str, cls: type, *args: Any) -> Any:
                 placed = options.get(name)  # it carries the role's custom resources
@@ -534,28 +535,22 @@ class EBRLScheduler:
         self.quotas = sharing.quotas(self.gen_gpus, self.learner_gpus, gen_pct, train_pct)
         return self.quotas
 
-    def placement(self, roles: Roles, backend: Any, run_dir: Path | None = None) -> dict[str, dict]:
+    def placement(
+        self, roles: Roles, backend: Any, run_dir: Path | None = None, groups: dict | None = None
+    ) -> dict[str, dict]:
         """Where each worker runs (Ray actor options by worker name; none in-process): env
         workers on the node of the replica they feed, replicas and learner ranks with the GPU
         shares they ask for (``ebrl.runtime.placement``), each role with an SM quota given it
         and its node's MPS pipe directory (:meth:`start_mps`). Logged, written to the run
-        folder's ``placement.txt``, and kept as ``placed``."""
+        folder's ``placement.txt``, and kept as ``placed``. ``groups``: role -> its node
+        group (``placement.groups``), checked against the cluster before any worker starts."""
         self.placed: list[Placement] = []
         if not isinstance(backend, RayBackend):
             return {}
-        res = self.resources or {}
-        asks = [
-            Ask("sim", w, resources=res.get("sim") or {}, feeds=roles.replica_of[w])
-            for w in range(len(roles.sims))
-        ]
-        asks += [
-            Ask("gen", r, gpus=self.gen_gpus, resources=res.get("gen") or {})
-            for r in range(roles.replicas)
-        ]
-        asks += [
-            Ask("learner", i, gpus=self.learner_gpus, resources=res.get("learner") or {})
-            for i in range(roles.ranks)
-        ]
+        sched = {"sim_workers": len(roles.sims), "gen_replicas": roles.replicas}
+        sched |= {"learner_ranks": roles.ranks, "resources": self.resources}
+        sched |= {"gen_gpus": self.gen_gpus, "learner_gpus": self.learner_gpus}
+        asks = role_asks(sched, groups)  # as the dry run places them (ebrl.launch)
         keys = {"gen": "scale.gen_gpus", "learner": "scale.learner_gpus"}
         self.placed = place(asks, cluster_nodes(), gpu_setting=keys)
         quotas = self.quotas or sharing.quotas(self.gen_gpus, self.learner_gpus)
