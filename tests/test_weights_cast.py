@@ -143,3 +143,71 @@ def test_buckets_cover_every_byte_once_aligned():
             assert wmod.bucket_bytes(b) <= 256 or len(b) == 1  # a larger tensor goes alone
     finally:
         board.close()
+
+
+# --- the wiring: who reads which board ------------------------------------------------------
+def test_replicas_on_other_nodes_read_their_nodes_board_filled_by_the_first_of_them():
+    from ebrl.runtime.weights import BoardSpec
+    from ebrl.schedulers.ebrl.wiring import DRIVER, Roles, weight_routes, wire
+
+    roles = Roles([[0], [1], [2], [3], [4]], replicas=5, ranks=2)
+    book = {n: ("127.0.0.1", 1000 + i) for i, n in enumerate([DRIVER, *roles.names()])}
+    board = BoardSpec("ebrl_1_wbx", (), 64, cast_at=("10.0.0.1", 29600))
+    # the leader and gen on node A; gen1, gen2 on B; gen3, gen4 on C (one machine's address:
+    # Ray nodes, not addresses, tell them apart)
+    nodes = {"learner": "A", "learner1": "B", "gen": "A", "gen1": "B", "gen2": "B",
+             "gen3": "C", "gen4": "C"}  # fmt: skip
+    links = wire(roles, book, board, ("127.0.0.1", 29500), nodes)
+    cast = links["learner"].cast
+    assert cast == CastSpec(("10.0.0.1", 29600), receivers=2)
+    assert links["learner1"].cast is None
+    assert links["gen"].board is board
+    assert links["gen1"].board == NodeBoard(cast, 1, board, receiver=True)
+    assert links["gen2"].board == NodeBoard(cast, 1, board, receiver=False)
+    assert links["gen3"].board == NodeBoard(cast, 2, board, receiver=True)
+    assert links["gen4"].board == NodeBoard(cast, 2, board, receiver=False)
+    # the leader tells every replica the version only: they all read a board
+    assert [via for _, via in links["learner"].gens] == [True] * 5
+    assert weight_routes(roles, links) == (
+        "weights: broadcast to 2 node receiver(s); gen: the leader's board; "
+        "gen1: collective (node 1's board, receiver); gen2: collective (node 1's board, reads); "
+        "gen3: collective (node 2's board, receiver); gen4: collective (node 2's board, reads)"
+    )
+
+
+def test_without_nodes_or_a_board_the_wiring_is_as_before():
+    from ebrl.runtime.weights import BoardSpec
+    from ebrl.schedulers.ebrl.wiring import DRIVER, Roles, wire
+
+    roles = Roles([[0], [1]], replicas=2)
+    book = {n: ("127.0.0.1", 1000 + i) for i, n in enumerate([DRIVER, *roles.names()])}
+    book["gen1"] = ("10.0.0.2", 999)  # another machine
+    board = BoardSpec("ebrl_1_wbx", (), 64, cast_at=("10.0.0.1", 29600))
+    for links in (wire(roles, book, board), wire(roles, book, board, nodes={})):
+        assert links["learner"].cast is None
+        assert links["gen"].board is board and links["gen1"].board is None  # inline
+        assert [via for _, via in links["learner"].gens] == [True, False]
+    # no board (scheduler.weight_board=false): inline everywhere, nodes or not
+    links = wire(roles, book, None, nodes={"learner": "A", "gen": "A", "gen1": "B"})
+    assert links["learner"].cast is None and links["gen1"].board is None
+
+
+# --- through the scheduler: the run is the same whichever way the weights travel -------------
+def test_a_replica_fed_by_the_collective_acts_as_one_fed_by_the_board(monkeypatch):
+    """An in-process run whose second replica is told it sits on another node (the wiring's
+    nodes, faked: in-process workers have none): it loads every version from its node's board,
+    filled by the leader's broadcast, and the run computes what the board-only run computes."""
+    from ebrl.schedulers.ebrl import EBRLScheduler, scheduler
+
+    from .test_scale_out import LOCKSTEP, cfg8, run, same
+
+    cfg = cfg8()
+    board, _ = run(cfg, EBRLScheduler(backend="inprocess", gen_replicas=2, **LOCKSTEP))
+    fake = {"learner": "node-a", "gen": "node-a", "gen1": "node-b"}
+    monkeypatch.setattr(scheduler, "nodes_of", lambda options: fake)
+    cast, ctx = run(cfg, EBRLScheduler(backend="inprocess", gen_replicas=2, **LOCKSTEP))
+    same(board, cast, rel=1e-6)
+    loads = {(s.track, dict(s.args)["source"]) for s in ctx.timeline.spans if s.stage == "load"}
+    assert loads == {("gen", "board"), ("gen1", "collective")}
+    assert cast[-1].metrics["pipeline/weights_cast_nodes"] == 1.0
+    assert cast[-1].metrics["pipeline/weights_cast_nccl"] == 0.0

@@ -1,5 +1,10 @@
 """Data-parallel learner ranks over torch.distributed (gloo on CPU, NCCL on CUDA).
 
+The backend is chosen from what every rank sees (:func:`choose_backend` over each rank's
+:func:`rank_devices`: its ``CUDA_VISIBLE_DEVICES``, torch's CUDA devices and their UUIDs): NCCL
+where each rank owns its GPUs, gloo where a rank computes on the CPU, sees no GPU, or shares one
+with another rank (NCCL refuses that); the choice and its reason are logged.
+
 A data-parallel learner is L processes (ranks) that each hold the WHOLE segment and the same
 policy and optimiser state. They compute the same advantages and draw the same minibatch
 permutations (same RNG state: the ranks are seeded alike), and within each minibatch rank r

@@ -38,6 +38,19 @@ lock acquire and release between the ``seq`` accesses and the copies (in CPython
 Linux ``sem_trywait``/``sem_post``, which POSIX lists among the calls that synchronise memory);
 this has been tested on x86-64 only. Torch's worker threads join before a copy returns.
 
+Other nodes: a board reaches the processes of its own machine only. Where the wiring knows the
+replicas' Ray nodes, a replica on another node than the leader's reads its node's board, which
+one replica of that node (its receiver, a thread: :class:`Receiver`) writes from the leader's
+broadcast: after every publish the leader sends the same bytes (the board's layout, in the
+learner's own dtypes, the changing tensors after the first whole one) to every node's receiver
+in one torch.distributed group of its own (:class:`Caster`; gloo, or NCCL where every member
+owns its GPU: :func:`ebrl.runtime.dist.choose_backend`), in buckets of at most
+:data:`CAST_BUCKET` bytes, and returns once every node's board holds the version, so a replica
+told the version finds it there. One copy crosses to each node per update, instead of a pickled
+state dict per replica. The broadcast's seconds are ``pipeline/weights_cast_s`` (within
+``pipeline/weights_publish_s``); a load from a node's board is a ``load`` span with source
+``collective``.
+
 Shared-memory hygiene follows :mod:`ebrl.runtime.slots`: the segment is named
 ``ebrl_<driver pid>_wb<id>`` so that the orphan watchdog (:mod:`ebrl.runtime.watchdog`) removes it
 when the driver dies, and the creating process's resource tracker holds it so that it is removed
@@ -102,12 +115,15 @@ class BoardSpec:
         nbytes: the segment's size, header included.
         changing: the keys a publish after the first rewrites (an update's trainable
             parameters and the buffers); None: every key.
+        cast_at: where the writer meets the other nodes' receivers, should there be any
+            (:func:`cast_address`; None: this board reaches its own node only).
     """
 
     name: str
     layout: tuple[Entry, ...]
     nbytes: int
     changing: tuple[str, ...] | None = None
+    cast_at: tuple[str, int] | None = None
 
     def entries(self, whole: bool) -> tuple[Entry, ...]:
         """The layout's entries a copy touches: all of them (``whole``), else the changing."""
@@ -222,6 +238,7 @@ class WeightBoard:
         state: Mapping[str, torch.Tensor],
         owner_pid: int,
         changing: Collection[str] | None = None,
+        cast_at: tuple[str, int] | None = None,
     ) -> WeightBoard:
         """A new board sized for ``state`` (its keys, dtypes and shapes), nothing published.
 
@@ -233,6 +250,8 @@ class WeightBoard:
                 machine: a pid that does not exist here makes the board an orphan at once.
             changing: the keys of ``state`` an update can change (its trainable parameters and
                 buffers): after the first publish only they are copied. None: every key.
+            cast_at: the address the writer would broadcast from to other nodes
+                (:func:`cast_address`; :meth:`cast_to` listens there), carried in the spec.
         """
         if changing is not None:
             unknown = sorted(set(changing) - set(state))
@@ -264,7 +283,9 @@ class WeightBoard:
         header = np.frombuffer(shm.buf, dtype=np.int64, count=5)
         header[:] = (0, -1, nbytes, _MAGIC, -1)
         del header
-        spec = BoardSpec(name=name, layout=layout, nbytes=nbytes, changing=changing)
+        spec = BoardSpec(
+            name=name, layout=layout, nbytes=nbytes, changing=changing, cast_at=cast_at
+        )
         return cls(shm, spec)
 
     @property
@@ -582,6 +603,21 @@ class NodeBoard:
     node: int
     layout: BoardSpec
     receiver: bool = False
+
+
+def cast_address() -> tuple[str, int] | None:
+    """An address for the leader's end of the collective: this node's address as the other
+    nodes reach it, and a port free there now (None where that address cannot be bound here:
+    replicas on other nodes then get the weights inline)."""
+    from ebrl.runtime.channel import node_ip
+    from ebrl.runtime.dist import free_port
+
+    host = node_ip()
+    try:
+        return host, free_port(host)
+    except OSError as e:
+        log.warning("weights: cannot listen on %s (%s): other nodes get them inline", host, e)
+        return None
 
 
 def buckets(entries: tuple[Entry, ...], limit: int | None = None) -> list[list[tuple[Entry, int]]]:
