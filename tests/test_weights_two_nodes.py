@@ -157,6 +157,7 @@ def test_weights_reach_the_other_nodes_replica_by_the_collective(tmp_path):
     # the leader broadcast every update to one node receiver, over gloo (no rank sees a GPU)
     assert last["pipeline/weights_cast_nodes"] == 1.0
     assert last["pipeline/weights_cast_nccl"] == 0.0
+    assert last["train/dist_nccl"] == 0.0  # the 2 learner ranks reduce over gloo too
     assert last["pipeline/weights_cast_s"] > 0 and last["pipeline/weights_cast_mb"] > 0
     assert last["pipeline/weights_publish_s"] > 0 and last["pipeline/weights_load_s_mean"] > 0
     print((run / "placement.txt").read_text())

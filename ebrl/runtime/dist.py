@@ -555,7 +555,9 @@ def init_group(
         for v in exchange(store, rank, world, "devices", rank_devices(dev).dumps())
     ]
     backend, why = choose_backend(views, backend)
-    log.info("learner rank %d of %d: torch.distributed backend %s: %s", rank, world, backend, why)
+    # a GPU learner on gloo reduces through the host: worth a warning (Ray shows workers' only)
+    say = log.warning if backend == "gloo" and dev is not None and dev.type == "cuda" else log.info
+    say("learner rank %d of %d: torch.distributed backend %s: %s", rank, world, backend, why)
     comm_device = torch.device("cpu")
     if backend == "nccl":
         comm_device = dev if dev is not None else torch.device("cuda")

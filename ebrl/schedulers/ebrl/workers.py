@@ -905,6 +905,8 @@ class LearnerWorker(_Worker):
                 metrics["pipeline/weights_publish_s"] = self.publish_s / (index + 1)
                 if self.board is not None:
                     metrics.update(self.board.cast_metrics())
+                if self.dp is not None:  # the ranks' backend: 1 NCCL, 0 gloo
+                    metrics["train/dist_nccl"] = float(self.dp.backend == "nccl")
                 metrics.update(EpisodeStats.merge([got[w].episodes for w in range(n_workers)]))
                 self.driver.send(Report(index, seg.num_steps, metrics))
                 self.flush(force=True)
