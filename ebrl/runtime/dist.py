@@ -1,5 +1,10 @@
 """Data-parallel learner ranks over torch.distributed (gloo on CPU, NCCL on CUDA).
 
+The backend is chosen from what every rank sees (:func:`choose_backend` over each rank's
+:func:`rank_devices`: its ``CUDA_VISIBLE_DEVICES``, torch's CUDA devices and their UUIDs): NCCL
+where each rank owns its GPUs, gloo where a rank computes on the CPU, sees no GPU, or shares one
+with another rank (NCCL refuses that); the choice and its reason are logged.
+
 A data-parallel learner is L processes (ranks) that each hold the WHOLE segment and the same
 policy and optimiser state. They compute the same advantages and draw the same minibatch
 permutations (same RNG state: the ranks are seeded alike), and within each minibatch rank r
@@ -34,9 +39,13 @@ before data parallelism existed, bit for bit.
 from __future__ import annotations
 
 import datetime
+import json
+import logging
+import os
 import socket
 import warnings
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -48,6 +57,8 @@ if TYPE_CHECKING:
 
 # torch.distributed.tensor and .fsdp are imported where FSDP is used, not here: they take ~1 s to
 # import and every process that trains or acts imports this module
+
+log = logging.getLogger(__name__)
 
 Tensor = torch.Tensor
 BACKENDS = ("gloo", "nccl")
@@ -67,6 +78,11 @@ class DataParallel:
         strategy: ``"ddp"`` (every rank holds the whole policy) or ``"fsdp"`` (each holds a
             shard; needs ``world >= 2``). The strategy is carried out by whoever owns the
             policy (:meth:`ebrl.stages.train.TrainStage.join` shards it).
+        learner_device: where the learner's parameters live, and so the device type of FSDP's
+            mesh (None: ``device``). A learner on a GPU keeps its shards there under gloo too
+            (ranks sharing a GPU): a mesh of another device type would move them.
+        backend: the group's torch.distributed backend, and ``why``: the reason it was chosen
+            (:func:`choose_backend`), as logged.
     """
 
     def __init__(
@@ -76,6 +92,9 @@ class DataParallel:
         group: tdist.ProcessGroup | None = None,
         device: torch.device | str = "cpu",
         strategy: str = "ddp",
+        learner_device: torch.device | str | None = None,
+        backend: str = "gloo",
+        why: str = "",
     ) -> None:
         if world < 1 or not 0 <= rank < world:
             raise ValueError(f"DataParallel: need 0 <= rank < world, got rank={rank} world={world}")
@@ -90,7 +109,10 @@ class DataParallel:
         self.world = world
         self.group = group
         self.device = torch.device(device)
+        self.learner_device = torch.device(learner_device) if learner_device else self.device
         self.strategy = strategy
+        self.backend = backend
+        self.why = why
         self._mesh: DeviceMesh | None = None
 
     @property
@@ -105,12 +127,13 @@ class DataParallel:
 
     @property
     def mesh(self) -> DeviceMesh:
-        """The group as a one-dimensional device mesh (what FSDP2 shards over); built once."""
+        """The group as a one-dimensional device mesh (what FSDP2 shards over), on the learner's
+        device type (FSDP moves the parameters it shards to the mesh's device); built once."""
         from torch.distributed.device_mesh import DeviceMesh
 
         if self._mesh is None:
             group = self.group if self.group is not None else tdist.group.WORLD
-            self._mesh = DeviceMesh.from_group(group, self.device.type)
+            self._mesh = DeviceMesh.from_group(group, self.learner_device.type)
         return self._mesh
 
     @property
@@ -212,7 +235,7 @@ class DataParallel:
     def __repr__(self) -> str:
         return (
             f"DataParallel(rank={self.rank}, world={self.world}, device={self.device}, "
-            f"strategy={self.strategy})"
+            f"strategy={self.strategy}, backend={self.backend})"
         )
 
 
@@ -494,19 +517,25 @@ def init_group(
     ``timeout_s`` passed (then torch raises). ``timeout_s`` also bounds every later collective,
     so a rank that died mid-update is noticed. Undo with :func:`destroy`.
 
+    The ranks tell each other what devices they see (:func:`rank_devices`, through the
+    rendezvous store) and every rank takes the same backend from that (:func:`choose_backend`:
+    NCCL where each rank owns its GPUs, gloo where they share one or have none); the choice and
+    its reason are logged and kept on the result (``backend``, ``why``).
+
     Args:
         rank: this rank.
         world: number of ranks.
         address: (host, port) of rank 0's rendezvous store (TCP).
-        backend: "gloo", "nccl", or "auto" (from ``device``: :func:`resolve_backend`).
+        backend: "gloo", "nccl", or "auto" (from the ranks' devices).
         timeout_s: rendezvous and collective timeout.
         device: the learner's device; with NCCL it becomes this process's current CUDA device
-            (default: the current one).
+            (default: the current one). FSDP's mesh is on its device type.
         strategy: ``"ddp"`` or ``"fsdp"`` (:class:`DataParallel`).
     """
     if strategy not in STRATEGIES:  # refused before any rank waits at the rendezvous
         raise ValueError(f"init_group: strategy {strategy!r}: expected one of {STRATEGIES}")
-    resolve_backend(backend, device)  # a bad choice is refused before any rank waits
+    if backend != "auto":  # a bad choice by name is refused before any rank waits
+        resolve_backend(backend, device)
     if tdist.is_initialized():
         raise RuntimeError(
             "init_group: torch.distributed is already initialised in this process; "
@@ -521,11 +550,14 @@ def init_group(
         timeout=datetime.timedelta(seconds=timeout_s),
     )
     dev = torch.device(device) if device is not None else None
-    shares_gpu = False
-    if backend != "gloo" and dev is not None and dev.type == "cuda" and world > 1:
-        gpus = exchange(store, rank, world, "gpu", gpu_identity(dev))
-        shares_gpu = gpus.count(gpus[rank]) > 1
-    backend = resolve_backend(backend, device, shares_gpu)
+    views = [
+        RankDevices.loads(v)
+        for v in exchange(store, rank, world, "devices", rank_devices(dev).dumps())
+    ]
+    backend, why = choose_backend(views, backend)
+    # a GPU learner on gloo reduces through the host: worth a warning (Ray shows workers' only)
+    say = log.warning if backend == "gloo" and dev is not None and dev.type == "cuda" else log.info
+    say("learner rank %d of %d: torch.distributed backend %s: %s", rank, world, backend, why)
     comm_device = torch.device("cpu")
     if backend == "nccl":
         comm_device = dev if dev is not None else torch.device("cuda")
@@ -539,15 +571,154 @@ def init_group(
         world_size=world,
         timeout=datetime.timedelta(seconds=timeout_s),
     )
-    return DataParallel(rank, world, device=comm_device, strategy=strategy)
+    learner = dev if dev is not None else comm_device
+    return DataParallel(
+        rank, world, device=comm_device, strategy=strategy, learner_device=learner,
+        backend=backend, why=why,
+    )  # fmt: skip
 
 
-def gpu_identity(device: torch.device) -> str:
-    """This host and the physical GPU behind ``device`` (its UUID: under Ray every actor's GPU
-    is its ``cuda:0``)."""
-    props = torch.cuda.get_device_properties(device)
-    gpu = getattr(props, "uuid", None) or getattr(props, "pci_bus_id", None) or device.index
-    return f"{socket.gethostname()}/{gpu}"
+@dataclass(frozen=True)
+class RankDevices:
+    """What one rank's process sees of the GPUs: what :func:`choose_backend` decides from.
+
+    Attributes:
+        host: the machine's name.
+        device: the device type the rank computes on (``cuda`` or ``cpu``).
+        visible: ``CUDA_VISIBLE_DEVICES`` as the process sees it (None: unset).
+        count: CUDA devices torch sees in the process (0 where torch has no CUDA).
+        gpus: the physical GPUs the rank computes on, named so that two ranks on one GPU give
+            the same name (``host/<UUID>``, or ``host/<CUDA_VISIBLE_DEVICES entry>`` where torch
+            gives no UUID); empty where the rank computes on the CPU or sees no GPU.
+    """
+
+    host: str
+    device: str
+    visible: str | None
+    count: int
+    gpus: tuple[str, ...]
+
+    def dumps(self) -> str:
+        return json.dumps([self.host, self.device, self.visible, self.count, list(self.gpus)])
+
+    @classmethod
+    def loads(cls, text: str) -> RankDevices:
+        host, device, visible, count, gpus = json.loads(text)
+        return cls(host, device, visible, int(count), tuple(gpus))
+
+
+def rank_devices(
+    device: torch.device | str | None,
+    env: Mapping[str, str] | None = None,
+    count: int | None = None,
+    uuid_of: Callable[[int], str | None] | None = None,
+    host: str | None = None,
+) -> RankDevices:
+    """What this process sees (:class:`RankDevices`) for a rank computing on ``device``.
+
+    The arguments after ``device`` default to this process's own (``os.environ``, torch's CUDA
+    device count, each device's UUID, the host name); tests give fake layouts through them.
+    A rank on a GPU names every GPU it sees (a rank owns all of them, or shares).
+    """
+    env = os.environ if env is None else env
+    host = socket.gethostname() if host is None else host
+    visible = env.get("CUDA_VISIBLE_DEVICES")
+    dev = torch.device(device) if device is not None else torch.device("cpu")
+    if count is None:
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if uuid_of is None:
+        uuid_of = _cuda_uuid
+    entries = [e.strip() for e in visible.split(",") if e.strip()] if visible else []
+    gpus: list[str] = []
+    if dev.type == "cuda":
+        for i in range(count):
+            name = uuid_of(i) or (entries[i] if i < len(entries) else str(i))
+            gpus.append(f"{host}/{name}")
+    return RankDevices(host, dev.type, visible, int(count), tuple(gpus))
+
+
+def _cuda_uuid(index: int) -> str | None:
+    props = torch.cuda.get_device_properties(index)
+    uuid = getattr(props, "uuid", None)
+    return str(uuid) if uuid else getattr(props, "pci_bus_id", None)
+
+
+def choose_backend(views: Sequence[RankDevices], asked: str = "auto") -> tuple[str, str]:
+    """The backend every rank of a group takes, from what each sees; ``(backend, why)``.
+
+    NCCL where every rank computes on GPUs of its own (no physical GPU seen by two ranks) and
+    this torch has NCCL; gloo where a rank computes on the CPU or sees no GPU, or two ranks
+    share a GPU (NCCL refuses them: "Duplicate GPU detected", MPS quotas or not). ``asked``
+    "gloo" is kept; "nccl" where the ranks cannot have it is refused with the reason and the fix.
+    """
+    if asked not in ("auto", *BACKENDS):
+        raise ValueError(f"data-parallel backend {asked!r}: expected 'auto', 'gloo' or 'nccl'")
+    problem = None
+    for r, v in enumerate(views):
+        if v.device != "cuda":
+            problem = f"rank {r} computes on the {v.device}"
+        elif not v.gpus:
+            problem = (
+                f"rank {r} sees no GPU (CUDA_VISIBLE_DEVICES={v.visible}, torch sees "
+                f"{v.count} CUDA devices)"
+            )
+        if problem:
+            break
+    if problem is None:
+        owner: dict[str, int] = {}
+        for r, v in enumerate(views):
+            for g in v.gpus:
+                if g in owner:
+                    problem = f"ranks {owner[g]} and {r} share GPU {g}"
+                    break
+                owner[g] = r
+            if problem:
+                break
+    if problem is None and not tdist.is_nccl_available():
+        problem = "this torch has no NCCL"
+    if asked == "gloo":
+        return "gloo", "asked for by name" + (f" ({problem})" if problem else "")
+    if problem is None:
+        owned = "; ".join(f"rank {r}: {', '.join(v.gpus)}" for r, v in enumerate(views))
+        return "nccl", f"each of the {len(views)} ranks owns its GPUs ({owned})"
+    if asked == "nccl":
+        raise RuntimeError(
+            f"data-parallel backend 'nccl' needs a GPU of its own per rank, and {problem}; "
+            "use backend 'auto' (gloo there), or give each rank its own GPU (a whole GPU per "
+            "learner rank: scale.learner_gpus=1, ranks spread over the GPUs)"
+        )
+    return "gloo", problem
+
+
+def devices_of(
+    module: nn.Module, optimizer: torch.optim.Optimizer | None = None
+) -> dict[str, set[str]]:
+    """The device types of what a learner rank holds: ``{"params", "grads", "optimizer"}`` ->
+    the set of device types of its parameters (a DTensor's local shard), their gradients and
+    the optimiser's state tensors, its scalar step counters aside (sets are empty where there
+    is nothing yet).
+
+    After sharding, every set must be the learner's device type alone: a ``cpu`` among a GPU
+    learner's (or ``cuda`` among a CPU one's) means FSDP, a checkpoint load or the optimiser
+    moved part of the learner off its device.
+    """
+    from torch.distributed.tensor import DTensor
+
+    def kind(t: Tensor) -> str:
+        return (t.to_local() if isinstance(t, DTensor) else t).device.type
+
+    params = list(module.parameters())
+    out: dict[str, set[str]] = {
+        "params": {kind(p) for p in params},
+        "grads": {kind(p.grad) for p in params if p.grad is not None},
+        "optimizer": set(),
+    }
+    if optimizer is not None:
+        for state in optimizer.state.values():
+            # Adam's ``step`` is a 0-dim CPU counter by design (torch keeps it on the host
+            # unless ``capturable``): not a state tensor that follows the parameters
+            out["optimizer"] |= {kind(v) for v in state.values() if torch.is_tensor(v) and v.ndim}
+    return out
 
 
 def exchange(store: Any, rank: int, world: int, key: str, value: str) -> list[str]:

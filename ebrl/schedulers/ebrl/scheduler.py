@@ -88,7 +88,9 @@ from ebrl.schedulers.ebrl.wiring import (
     Roles,
     gen_name,
     learner_name,
+    nodes_of,
     sim_name,
+    weight_routes,
     wire,
 )
 from ebrl.schedulers.ebrl.workers import EnvWorker, GenWorker, LearnerWorker, Plan
@@ -500,7 +502,8 @@ class EBRLScheduler:
             )
             self._record_gpu_env(gpu_roles, ctx.run_dir)
             _, dist, board = opened[0]  # the leader's
-            links = wire(roles, book, board, dist)
+            links = wire(roles, book, board, dist, nodes_of(options))
+            log.info("%s", weight_routes(roles, links))
             for h in handles:
                 h.start(links[h.name], plan)
             if manager is not None and manager.elastic is not None:
@@ -950,7 +953,7 @@ class _Restarts:
 
     def _links(self) -> dict[str, Links]:
         """Everyone's links from the address book as it is now (replacements included)."""
-        return wire(self.roles, self.book, self.board, self.dist)
+        return wire(self.roles, self.book, self.board, self.dist, nodes_of(self.options))
 
     def _spawn(self, name: str, role: str, cls: type, *args: Any) -> Any:
         placed = _soft(self.options.get(name))

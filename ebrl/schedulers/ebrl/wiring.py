@@ -26,7 +26,9 @@ The traffic (the arrows are :class:`~ebrl.runtime.channel.Outbox` -> inbox links
 Slots (``ebrl.runtime.slots``) hold one observation and one chunk per env; a worker on another
 machine than the driver carries the rows inline in its messages instead. The weight board
 (``ebrl.runtime.weights``) is written by the leader and read by every replica on the leader's
-machine; a replica elsewhere gets the weights inline in its :class:`Weights` message.
+node; on the other nodes (where the workers' Ray nodes are known) by the leader's broadcast to one
+receiver per node, which writes that node's board for its replicas; where nodes are not known, a
+replica on another machine gets the weights inline in its :class:`Weights` message.
 
 Backpressure is the staleness gate, not queue sizes: a replica acts for an env only while the
 segment that decision lands in will be trained by a learner version at most ``k`` ahead of the
@@ -124,7 +126,11 @@ class Links:
         gens: leader: every replica's inbox, with whether it reads the weight board.
         rank: learner: its rank; world: the learner's ranks.
         dist: learner: the leader's (host, port) for torch.distributed's rendezvous (None: 1 rank).
-        board: replica: the weight board it reads (None: weights come inline).
+        board: replica: the weight board it reads: the leader's (a ``BoardSpec``), or on
+            another node its node's (a ``NodeBoard``, which the collective fills); None:
+            weights come inline.
+        cast: leader: the node receivers it broadcasts the weights to after every update
+            (a ``CastSpec``; None: no replica on another node, or weights inline).
     """
 
     driver: Address
@@ -136,6 +142,18 @@ class Links:
     world: int = 1
     dist: tuple[str, int] | None = None
     board: Any = None
+    cast: Any = None
+
+
+def nodes_of(options: dict[str, dict]) -> dict[str, str]:
+    """Worker name -> the Ray node it was placed on (the node id of its actor options'
+    node affinity); workers without one (in-process, unplaced) are left out."""
+    out = {}
+    for name, opts in options.items():
+        node = getattr((opts or {}).get("scheduling_strategy"), "node_id", None)
+        if node:
+            out[name] = str(node)
+    return out
 
 
 def same_machine(a: Address, b: Address) -> bool:
@@ -148,27 +166,58 @@ def wire(
     inboxes: dict[str, Address],
     board: Any = None,
     dist: tuple[str, int] | None = None,
+    nodes: dict[str, str] | None = None,
 ) -> dict[str, Links]:
     """Every worker's links.
+
+    Weights: a replica on the leader's node reads the leader's board. Where the workers' nodes
+    are known (``nodes``) and the board can be broadcast (its spec's ``cast_at``), the replicas
+    on the other nodes read their node's board, which the first replica of each node (its
+    receiver) fills from the leader's broadcast (``ebrl.runtime.weights``); otherwise a replica
+    on another machine gets the weights inline.
 
     Args:
         roles: the run's roles.
         inboxes: worker name (and ``DRIVER``) -> inbox address.
         board: the leader's weight board spec (None: weights travel inline to every replica).
         dist: the leader's rendezvous address for a learner of more than one rank.
+        nodes: worker name -> its Ray node (:func:`nodes_of`); None: nodes unknown (machines
+            are told apart by the inboxes' addresses).
     """
+    from ebrl.runtime.weights import CastSpec, NodeBoard
+
     driver = inboxes[DRIVER]
     leader = inboxes[learner_name(0)]
     replica_of = roles.replica_of
     out: dict[str, Links] = {}
     for w in range(len(roles.sims)):
         out[sim_name(w)] = Links(driver, gen=inboxes[gen_name(replica_of[w])], learner=leader)
+    nodes = nodes or {}
+    home = nodes.get(learner_name(0))
+    castable = board is not None and getattr(board, "cast_at", None) is not None
+    remote: dict[str, list[int]] = {}  # node -> its replicas, for nodes other than the leader's
+    for r in range(roles.replicas):
+        node = nodes.get(gen_name(r))
+        if castable and home is not None and node is not None and node != home:
+            remote.setdefault(node, []).append(r)
+    cast = CastSpec(board.cast_at, len(remote)) if remote else None
+    node_board: dict[int, NodeBoard] = {}
+    for j, replicas in enumerate(remote.values(), start=1):
+        for r in replicas:
+            node_board[r] = NodeBoard(cast, j, board, receiver=r == replicas[0])
     gens = []
     for r in range(roles.replicas):
         addr = inboxes[gen_name(r)]
-        local = board is not None and same_machine(addr, leader)
-        gens.append((addr, local))
         envs = {w: inboxes[sim_name(w)] for w in roles.served_by(r)}
+        if r in node_board:
+            gens.append((addr, True))
+            out[gen_name(r)] = Links(driver, envs=envs, board=node_board[r])
+            continue
+        local = board is not None and (
+            nodes.get(gen_name(r)) == home if home is not None and castable
+            else same_machine(addr, leader)
+        )  # fmt: skip
+        gens.append((addr, local))
         out[gen_name(r)] = Links(driver, envs=envs, board=board if local else None)
     for rank in range(roles.ranks):
         out[learner_name(rank)] = Links(
@@ -177,5 +226,24 @@ def wire(
             rank=rank,
             world=roles.ranks,
             dist=dist if roles.ranks > 1 else None,
+            cast=cast if rank == 0 else None,
         )
     return out
+
+
+def weight_routes(roles: Roles, links: dict[str, Links]) -> str:
+    """How each replica gets the learner's weights, in one line (the driver logs it)."""
+    parts = []
+    for r in range(roles.replicas):
+        board = links[gen_name(r)].board
+        if board is None:
+            how = "inline"
+        elif hasattr(board, "receiver"):  # a NodeBoard
+            role = "receiver" if board.receiver else "reads"
+            how = f"collective (node {board.node}'s board, {role})"
+        else:
+            how = "the leader's board"
+        parts.append(f"{gen_name(r)}: {how}")
+    cast = links[learner_name(0)].cast
+    head = f"broadcast to {cast.receivers} node receiver(s); " if cast is not None else ""
+    return "weights: " + head + "; ".join(parts)

@@ -32,7 +32,7 @@ from ebrl.rollout import EpisodeStats, SegmentBuilder
 from ebrl.runtime.channel import Address, Inbox, Outbox, node_ip
 from ebrl.runtime.dist import destroy, free_port, init_group
 from ebrl.runtime.slots import SlotSpec, open_slots
-from ebrl.runtime.weights import BoardSpec, WeightBoard, open_board
+from ebrl.runtime.weights import BoardSpec, WeightBoard, cast_address, open_board
 from ebrl.schedulers.base import UpdateBudget
 from ebrl.schedulers.ebrl.messages import (
     Applied,
@@ -499,7 +499,7 @@ class GenWorker(_Worker):
         """Install the learner's weights: from the board (the newest published version, which
         may be newer than ``m``'s: never older) or inline from the message."""
         t0 = time.perf_counter()
-        source = "board" if m.state is None else "inline"
+        source = getattr(self.board, "path", "board") if m.state is None else "inline"
         with self.timeline.span("load", self.name, version=m.version, source=source):
             if m.state is None:
                 self.stage.load_from(self.board)
@@ -761,7 +761,9 @@ class LearnerWorker(_Worker):
             # named for the driver's pid (its orphan watchdog sweeps it) when on its machine
             owner = os.getpid() if self.inline else self.owner_pid
             # after the first publish, only what an update changes is copied onto it
-            self.board = WeightBoard.create(self._state(), owner, self.stage.changing())
+            self.board = WeightBoard.create(
+                self._state(), owner, self.stage.changing(), cast_address()
+            )
         return address, dist, self.board.spec if self.board is not None else None
 
     def _state(self) -> dict[str, torch.Tensor]:
@@ -782,6 +784,8 @@ class LearnerWorker(_Worker):
                 links.rank, links.world, links.dist, device=device, strategy=self.strategy
             )
             self.stage.join(self.dp)  # FSDP: every rank keeps its shards of the loaded state
+        if links.cast is not None and self.board is not None:  # replicas on other nodes
+            self.board.cast_to(links.cast, next(self.stage.algo.policy.parameters()).device)
         if self.plan.train_resources is not None:
             self.apply_resources(self.plan.train_resources)
 
@@ -899,6 +903,10 @@ class LearnerWorker(_Worker):
                 )
                 self._publish()
                 metrics["pipeline/weights_publish_s"] = self.publish_s / (index + 1)
+                if self.board is not None:
+                    metrics.update(self.board.cast_metrics())
+                if self.dp is not None:  # the ranks' backend: 1 NCCL, 0 gloo
+                    metrics["train/dist_nccl"] = float(self.dp.backend == "nccl")
                 metrics.update(EpisodeStats.merge([got[w].episodes for w in range(n_workers)]))
                 self.driver.send(Report(index, seg.num_steps, metrics))
                 self.flush(force=True)
