@@ -849,8 +849,11 @@ def _task_overrides() -> list[str]:
 def main(cfg: DictConfig) -> None:
     # Ray (2.60) turns token authentication on for a private instance when RAY_AUTH_MODE is
     # unset, and warns that it did at every start; saying so here (as the Slurm cluster's
-    # nodes do, ebrl.runtime.slurm_cluster) keeps that mode without the warning
-    os.environ.setdefault("RAY_AUTH_MODE", "token")
+    # nodes do, ebrl.runtime.slurm_cluster) keeps that mode without the warning. Only where the
+    # run starts Ray itself: a driver joining a cluster takes its mode (the user's RAY_AUTH_*,
+    # or Ray's default), and a cluster without tokens refuses one. Ray reads it at import.
+    if OmegaConf.select(cfg, "scheduler.ray_address", default="local") == "local":
+        os.environ.setdefault("RAY_AUTH_MODE", "token")
     try:
         check_override_order(_task_overrides())
         s = train(cfg)

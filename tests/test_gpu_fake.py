@@ -354,12 +354,19 @@ def test_on_a_two_node_cluster_every_machine_has_one_daemon_and_every_gpu_role_i
 ):
     """The driver joins a cluster (``scheduler.ray_address``) whose two nodes declare a GPU
     each: roles with SM quotas land on both. Both Ray nodes are this machine, which has one MPS
-    daemon per user: one keeper starts it and the roles of both nodes join it."""
+    daemon per user: one keeper starts it and the roles of both nodes join it.
+
+    The cluster runs without token authentication, said explicitly (Ray 2.60 decides an unset
+    mode by whether a token file exists, which earlier tests may have left), and the driver
+    has no ``RAY_AUTH_MODE`` of its own, as a user joining such a cluster: the run must not
+    force a token on it."""
     from ray.cluster_utils import Cluster
 
     env = fake_gpu_layer(tmp_path)
+    env.pop("RAY_AUTH_MODE", None)
     for key in ("PATH", "FAKE_MPS_LOG"):  # the nodes' raylets, and so the keepers, see these
         monkeypatch.setenv(key, env[key])
+    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")  # the cluster's processes read it
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "num_gpus": 1})
     cluster.add_node(num_cpus=2, num_gpus=1)
     try:
