@@ -736,6 +736,9 @@ class ResourcesNode:
     #: share, scheduler.gen_gpus / learner_gpus; ebrl/resources/sharing.py)
     gen_sm_pct: int | None = None
     train_sm_pct: int | None = None
+    #: a GPU stage profile (ebrl.plan.measure --device cuda) from which Algorithm 1 splits the
+    #: SMs of a GPU the generator and the learner share, where the quotas are unpinned
+    gpu_profile: str | None = None
     #: static: keep the split; elastic: Algorithm 1 re-balances it at run time
     allocator: AllocatorKind = AllocatorKind.static
     #: elastic: re-balance when stage throughputs diverge by more than this fraction ...

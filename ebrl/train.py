@@ -632,7 +632,7 @@ def _refuse_unwired_resources(run: RunConfig) -> None:
     that the run would not honour: any, under another scheduler; SM quotas the roles' GPU
     shares cannot take; under ``scheduler=ebrl``, cores without pinning, and settings of a part
     that is off."""
-    from ebrl.resources.sharing import check_quotas
+    from ebrl.resources.sharing import check_gpu_profile, check_quotas
 
     res = run.resources
     expected = {f.name: getattr(ResourcesNode(), f.name) for f in dataclasses.fields(ResourcesNode)}
@@ -644,9 +644,12 @@ def _refuse_unwired_resources(run: RunConfig) -> None:
     if on_ebrl_workers:  # the roles' processes take their quotas under every such scheduler
         try:
             check_quotas(gen_gpus, learner_gpus, res.gen_sm_pct, res.train_sm_pct)
+            check_gpu_profile(res.gpu_profile, gen_gpus, learner_gpus)
         except ValueError as e:
             raise ConfigError(str(e)) from e
-        expected.update(gen_sm_pct=res.gen_sm_pct, train_sm_pct=res.train_sm_pct)
+        expected.update(
+            gen_sm_pct=res.gen_sm_pct, train_sm_pct=res.train_sm_pct, gpu_profile=res.gpu_profile
+        )
     changed = [
         f"resources.{k}={getattr(res, k)}" for k, v in expected.items() if getattr(res, k) != v
     ]
@@ -849,8 +852,11 @@ def _task_overrides() -> list[str]:
 def main(cfg: DictConfig) -> None:
     # Ray (2.60) turns token authentication on for a private instance when RAY_AUTH_MODE is
     # unset, and warns that it did at every start; saying so here (as the Slurm cluster's
-    # nodes do, ebrl.runtime.slurm_cluster) keeps that mode without the warning
-    os.environ.setdefault("RAY_AUTH_MODE", "token")
+    # nodes do, ebrl.runtime.slurm_cluster) keeps that mode without the warning. Only where the
+    # run starts Ray itself: a driver joining a cluster takes its mode (the user's RAY_AUTH_*,
+    # or Ray's default), and a cluster without tokens refuses one. Ray reads it at import.
+    if OmegaConf.select(cfg, "scheduler.ray_address", default="local") == "local":
+        os.environ.setdefault("RAY_AUTH_MODE", "token")
     try:
         check_override_order(_task_overrides())
         s = train(cfg)

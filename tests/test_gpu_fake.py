@@ -85,11 +85,35 @@ def nvmlDeviceGetName(h):
 
 
 def nvmlDeviceGetUUID(h):
-    return f"GPU-fake-{h}"
+    return f"MIG-fake-{h[0]}-{h[1]}" if isinstance(h, tuple) else f"GPU-fake-{h}"
+
+
+def _migs():
+    """FAKE_NVML_MIG: each GPU's MIG instances as SMs:GiB, comma-separated (unset: MIG off)."""
+    text = os.environ.get("FAKE_NVML_MIG")
+    return [tuple(map(int, m.split(":"))) for m in text.split(",")] if text else None
 
 
 def nvmlDeviceGetMigMode(h):
-    return (0, 0)
+    return (1, 1) if _migs() is not None else (0, 0)
+
+
+def nvmlDeviceGetMaxMigDeviceCount(h):
+    return len(_migs() or [])
+
+
+def nvmlDeviceGetMigDeviceHandleByIndex(h, i):
+    if not 0 <= i < len(_migs() or []):
+        raise NVMLError("no MIG device there")
+    return (h, i)
+
+
+def nvmlDeviceGetGpuInstanceId(m):
+    return m[1]
+
+
+def nvmlDeviceGetComputeInstanceId(m):
+    return 0
 
 
 def nvmlDeviceGetCudaComputeCapability(h):
@@ -97,6 +121,9 @@ def nvmlDeviceGetCudaComputeCapability(h):
 
 
 def nvmlDeviceGetAttributes(h):
+    if isinstance(h, tuple):  # a MIG device
+        sms, gib = _migs()[h[1]]
+        return _Obj(multiprocessorCount=sms, memorySizeMB=gib * 1024)
     return _Obj(multiprocessorCount=132)
 
 
@@ -120,9 +147,11 @@ def __getattr__(name):
 '''
 
 
-def fake_gpu_layer(tmp_path: Path, mps: bool = True, gpus: str = H100) -> dict[str, str]:
+def fake_gpu_layer(
+    tmp_path: Path, mps: bool = True, gpus: str = H100, mig: str | None = None
+) -> dict[str, str]:
     """The environment of a run on the fake GPU layer (fake NVML; the fake MPS control binary
-    on PATH when ``mps``)."""
+    on PATH when ``mps``; every GPU in MIG mode with instances ``mig``, ``SMs:GiB,...``)."""
     nvml = tmp_path / "fake_nvml"
     nvml.mkdir()
     (nvml / "pynvml.py").write_text(FAKE_NVML)
@@ -137,6 +166,8 @@ def fake_gpu_layer(tmp_path: Path, mps: bool = True, gpus: str = H100) -> dict[s
         FAKE_NVML_GPUS=gpus,
         FAKE_MPS_LOG=str(tmp_path / "mps.log"),
     )
+    if mig is not None:
+        env["FAKE_NVML_MIG"] = mig
     return env
 
 
@@ -191,14 +222,16 @@ def sharing_param(tmp_path: Path) -> str | None:
     return run.data.params.get("gpu/sharing")
 
 
-def run_train(tmp_path: Path, env: dict[str, str], *extra: str) -> subprocess.CompletedProcess:
+def run_train(
+    tmp_path: Path, env: dict[str, str], *extra: str, iterations: int = 3, timeout: float = 240
+) -> subprocess.CompletedProcess:
     return subprocess.run(
-        command(tmp_path, *extra),
+        command(tmp_path, *extra, iterations=iterations),
         env=env,
         cwd=tmp_path,
         capture_output=True,
         text=True,
-        timeout=240,
+        timeout=timeout,
     )
 
 
@@ -354,12 +387,19 @@ def test_on_a_two_node_cluster_every_machine_has_one_daemon_and_every_gpu_role_i
 ):
     """The driver joins a cluster (``scheduler.ray_address``) whose two nodes declare a GPU
     each: roles with SM quotas land on both. Both Ray nodes are this machine, which has one MPS
-    daemon per user: one keeper starts it and the roles of both nodes join it."""
+    daemon per user: one keeper starts it and the roles of both nodes join it.
+
+    The cluster runs without token authentication, said explicitly (Ray 2.60 decides an unset
+    mode by whether a token file exists, which earlier tests may have left), and the driver
+    has no ``RAY_AUTH_MODE`` of its own, as a user joining such a cluster: the run must not
+    force a token on it."""
     from ray.cluster_utils import Cluster
 
     env = fake_gpu_layer(tmp_path)
+    env.pop("RAY_AUTH_MODE", None)
     for key in ("PATH", "FAKE_MPS_LOG"):  # the nodes' raylets, and so the keepers, see these
         monkeypatch.setenv(key, env[key])
+    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")  # the cluster's processes read it
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "num_gpus": 1})
     cluster.add_node(num_cpus=2, num_gpus=1)
     try:
@@ -384,3 +424,94 @@ def test_on_a_two_node_cluster_every_machine_has_one_daemon_and_every_gpu_role_i
     assert set(envs) == {"gen", "gen1", "learner"}
     assert {e["CUDA_MPS_PIPE_DIRECTORY"] for e in envs.values()} == {pipe}
     assert {e["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] for e in envs.values()} == {"50"}
+
+
+# --- Algorithm 1 over the SMs ----------------------------------------------------------------
+#: a GPU stage profile shipped with the planner (pi0 on an H100 at shares 0.25, 0.5, 1)
+GPU_PROFILE = ROOT / "conf" / "plan" / "example_gpu_profile.json"
+
+
+def run_params(tmp_path: Path) -> tuple[dict[str, str], object, str]:
+    client = mlflow.tracking.MlflowClient(f"sqlite:///{tmp_path / 'mlflow' / 'mlflow.db'}")
+    (exp,) = [e for e in client.search_experiments() if e.name != "Default"]
+    (run,) = client.search_runs([exp.experiment_id])
+    return run.data.params, client, run.info.run_id
+
+
+@pytest.mark.slow  # Ray, four roles, a generator restarted: 2-3 min on a loaded 2-core machine
+def test_unpinned_quotas_are_algorithm_1s_and_a_drift_re_split_restarts_the_generator_with_its_new_quota(  # noqa: E501
+    tmp_path,
+):
+    """``resources.gpu_profile`` names the GPU stage profile; the quotas are unpinned, so
+    Algorithm 1 splits the GPU's SMs from it. The roles here run on the cores
+    (``scheduler.device=cpu``), far from the profile's GPU rates: the stages diverge from the
+    planned rates by more than 15% for the run's window, Algorithm 1 searches again on the
+    rescaled profile and the generator is restarted with its new quota (the new process's own
+    environment, read inside it, says so). Every env step is counted once across it."""
+    from ebrl.ledger import account
+
+    iters = 10
+    p = run_train(tmp_path, fake_gpu_layer(tmp_path), f"resources.gpu_profile={GPU_PROFILE}",
+                  iterations=iters, timeout=480)  # fmt: skip
+    assert p.returncode == 0, p.stderr[-3000:]
+    params, client, run_id = run_params(tmp_path)
+    assert params["gpu/sharing"] == "mps" and params["gpu/split"] == "algorithm1"
+    start = {"gen": params["gpu/gen_sm_pct"], "learner": params["gpu/train_sm_pct"]}
+    assert int(start["gen"]) + int(start["learner"]) == 100
+    assert start != {"gen": "50", "learner": "50"}  # not the roles' GPU shares
+    rows = [json.loads(ln) for ln in (tmp_path / "run" / "gpu_env.jsonl").read_text().splitlines()]
+    gens = [r for r in rows if r["worker"] == "gen"]
+    (learner,) = [r for r in rows if r["worker"] == "learner"]
+    assert gens[0]["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == start["gen"]
+    assert learner["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == start["learner"]
+    # the re-splits: each restarted the generator, in a new process, with the new quota
+    resplits = [
+        json.loads(ln) for ln in (tmp_path / "run" / "gpu_resplits.jsonl").read_text().splitlines()
+    ]
+    assert resplits, "no re-split"
+    said = [ln for ln in (p.stdout + p.stderr).splitlines() if "GPU" in ln or "MPS" in ln]
+    assert len(gens) == 1 + len(resplits), "\n".join(said)[-3000:]
+    for before, after, r in zip(gens[:-1], gens[1:], resplits, strict=True):
+        assert r["new"]["gen"] != r["old"]["gen"] and r["stage"] in ("gen", "train")
+        assert after["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == str(r["new"]["gen"])
+        assert after["pid"] != before["pid"]
+        assert after["CUDA_MPS_PIPE_DIRECTORY"] == before["CUDA_MPS_PIPE_DIRECTORY"]
+    assert r["old"]["gen"] == int(start["gen"]) or len(resplits) > 1
+    first = params["gpu/resplit1"]
+    assert f"gen {resplits[0]['old']['gen']}% -> {resplits[0]['new']['gen']}%" in first
+    assert f"{resplits[0]['stage']} drifted" in first
+    history = client.get_metric_history(run_id, "gpu/resplit_s")
+    assert len(history) == len(resplits) and all(m.value > 0 for m in history)
+    # not a fault, and every env step counted once
+    assert {m.value for m in client.get_metric_history(run_id, "fault/gen_restarts")} == {0.0}
+    import torch
+
+    ckpt = torch.load(tmp_path / "run" / "checkpoint.pt", weights_only=True)
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert ckpt["trained_env_steps"] == summary["env_steps"]
+    acc = account(tmp_path / "run", iters)
+    assert acc.collected - acc.discarded == acc.trained == ckpt["trained_env_steps"]
+    mlflow_record = {k: v for k, v in params.items() if k.startswith("gpu/")}
+    print(f"RESPLITS {resplits}\nMLFLOW {mlflow_record} gpu/resplit_s {[m.value for m in history]}")
+
+
+# --- MIG where MPS is not there ---------------------------------------------------------------
+@pytest.mark.slow  # Ray and four roles: 2-3 min on a loaded 2-core machine; make test-slow
+def test_without_mps_a_gpu_in_mig_mode_gives_each_role_the_instance_closest_to_its_quota(
+    tmp_path,
+):
+    """No ``nvidia-cuda-mps-control`` on PATH; NVML shows the H100 in MIG mode with instances of
+    16, 32 and 60 SMs (12%, 24%, 45% of 132). The generator's and the learner's 50% quotas
+    (their GPU shares) get the two closest instances: 60 SMs, then 32. No time-slicing
+    warning: MIG enforces the split."""
+    env = fake_gpu_layer(tmp_path, mps=False, mig="16:10,32:20,60:40")
+    p = run_train(tmp_path, env)
+    assert p.returncode == 0, p.stderr[-3000:]
+    said = p.stdout + p.stderr
+    assert "time-slice the GPU" not in said
+    envs = role_envs(tmp_path)
+    assert envs["gen"]["CUDA_VISIBLE_DEVICES"] == "MIG-fake-0-2", envs
+    assert envs["learner"]["CUDA_VISIBLE_DEVICES"] == "MIG-fake-0-1", envs
+    assert envs["gen"]["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] is None  # no MPS quota: MIG's
+    assert sharing_param(tmp_path) == "mig"
+    assert mps_log(tmp_path) == []

@@ -53,6 +53,8 @@ class NodeState:
         pids: the control daemon's pids (started or joined).
         why: why no daemon serves the node.
         node: the Ray node id.
+        gpus: where no daemon serves it, the node's GPUs as NVML shows them there (MIG mode
+            and instances: the fallback, ``ebrl.resources.sharing.mig_choice``).
     """
 
     state: str
@@ -60,6 +62,7 @@ class NodeState:
     pids: tuple[int, ...] = ()
     why: str = ""
     node: str = ""
+    gpus: tuple[Any, ...] = ()
 
     @property
     def serves(self) -> bool:
@@ -217,6 +220,16 @@ class Keeper:
             self.proc.wait(timeout=1)
 
 
+def mig_gpus(nodes: Mapping[str, NodeState]) -> dict[str, tuple[Any, ...]]:
+    """Node id -> its GPUs in MIG mode with instances, for the nodes no daemon serves."""
+    out = {}
+    for n, s in nodes.items():
+        migs = tuple(g for g in s.gpus if g.mig_enabled and g.mig_instances)
+        if not s.serves and migs:
+            out[n] = migs
+    return out
+
+
 class NodeMPS:
     """A Ray actor that keeps one node's MPS daemon for a run (see the module docstring)."""
 
@@ -228,7 +241,12 @@ class NodeMPS:
 
         self.keeper = Keeper(control)
         node = ray.get_runtime_context().get_node_id()
-        return NodeState(**{**self.keeper.state.__dict__, "node": node})
+        gpus: tuple[Any, ...] = ()
+        if not self.keeper.state.serves:  # MIG instances may serve instead
+            from ebrl.resources.topology import discover_gpus
+
+            gpus = tuple(discover_gpus(mps_control=control))
+        return NodeState(**{**self.keeper.state.__dict__, "node": node, "gpus": gpus})
 
     def stop(self) -> None:
         if self.keeper is not None:

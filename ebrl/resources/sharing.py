@@ -13,8 +13,14 @@ and ``ebrl.runtime.placement``; this module says what they should be and refuses
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
 
 #: the run parameter (MLflow) that says how the run's GPUs were shared
 TAG = "gpu/sharing"
@@ -96,15 +102,189 @@ def check_quotas(
                 f"{key} null"
             )
     got = quotas(gen_gpus, learner_gpus, gen_sm_pct, train_sm_pct)
-    together = is_share(gen_gpus) and is_share(learner_gpus) and gen_gpus + learner_gpus <= 1
     total = (got["gen"] or 0) + (got["learner"] or 0)
-    if together and total > 100:
+    if together(gen_gpus, learner_gpus) and total > 100:
         raise ValueError(
             f"{QUOTA_KEYS['gen']}={got['gen']} + {QUOTA_KEYS['learner']}={got['learner']} = "
             f"{total}% of one GPU's SMs, and the generator and the learner share one GPU "
             f"({SHARE_KEYS['gen']}={gen_gpus:g}, {SHARE_KEYS['learner']}={learner_gpus:g}): "
             "lower them to at most 100 together"
         )
+
+
+def together(gen_gpus: float, learner_gpus: float) -> bool:
+    """The generator and the learner each ask a share and both fit on one GPU: placement packs
+    them onto one GPU, and their quotas split its SMs."""
+    return is_share(gen_gpus) and is_share(learner_gpus) and gen_gpus + learner_gpus <= 1
+
+
+#: how a run's SM quotas were chosen (MLflow param ``gpu/split``)
+PINNED, ALGORITHM1, SHARES = "pinned", "algorithm1", "shares"
+
+
+@dataclass(frozen=True)
+class SplitDecision:
+    """The run's SM quotas and how they were chosen.
+
+    Attributes:
+        quotas: role (``gen``, ``learner``) -> SM percent (None: no quota).
+        how: :data:`PINNED` (``resources.gen_sm_pct`` / ``train_sm_pct``), :data:`ALGORITHM1`
+            (the split searched on the GPU stage profile) or :data:`SHARES` (each role's GPU
+            share: no profile to search, or the roles do not share one GPU).
+        inputs: what the decision read (the profile, the batch sizes, the predicted rates).
+    """
+
+    quotas: dict[str, int | None]
+    how: str
+    inputs: dict[str, Any] = field(default_factory=dict)
+
+    def params(self) -> dict[str, str]:
+        """The decision as MLflow params (``gpu/*``)."""
+        out = {"gpu/split": self.how}
+        for role, key in (("gen", "gpu/gen_sm_pct"), ("learner", "gpu/train_sm_pct")):
+            if self.quotas.get(role) is not None:
+                out[key] = str(self.quotas[role])
+        out.update({f"gpu/split_{k}": str(v) for k, v in self.inputs.items()})
+        return out
+
+
+def sm_profile(profile: Any, gen_batch: int, train_samples: int) -> Any:
+    """A GPU stage profile (``ebrl-plan-profile/1``: gen and train measured at GPU shares, an
+    MPS quota each; ``python -m ebrl.plan.measure --device cuda``) as Algorithm 1's input: each
+    stage's decisions/s at each measured share, in SM percent, at the run's generator batch and
+    learner samples per update.
+
+    Raises:
+        ValueError: the profile was measured on CPU threads, not GPU shares.
+    """
+    from ebrl.resources.profiler import Profile, ProfilePoint
+
+    points = []
+    for stage, prof, size in (("gen", profile.gen, gen_batch), ("train", profile.train,
+                                                                 train_samples)):  # fmt: skip
+        if prof.device != "gpu":
+            raise ValueError(
+                f"the profile's {stage} points were measured on CPU threads, not GPU shares: "
+                "measure one on the GPU (python -m ebrl.plan.measure --device cuda --levels "
+                "0.25,0.5,1), or leave resources.gpu_profile null"
+            )
+        for level in prof.levels():
+            seconds = prof.curve(level).seconds(size)
+            points.append(ProfilePoint(stage, round(100 * level), size, size / seconds))
+    return Profile(points, share_unit="sm_percent")
+
+
+def decide_split(
+    gen_gpus: float,
+    learner_gpus: float,
+    gen_sm_pct: int | None = None,
+    train_sm_pct: int | None = None,
+    *,
+    profile: str | None = None,
+    gen_batch: int = 1,
+    train_samples: int = 1,
+    min_pct: int = 5,
+) -> SplitDecision:
+    """The run's SM quotas: pinned values win; else, where the generator and the learner share
+    one GPU and a GPU stage profile is given, Algorithm 1 (:func:`ebrl.resources.split.allocate`,
+    the binary search over the gen/train split of the GPU's 100 SM percent) chooses them; else
+    each role's GPU share (:func:`quotas`).
+
+    Args:
+        gen_gpus: ``scheduler.gen_gpus``.
+        learner_gpus: ``scheduler.learner_gpus``.
+        gen_sm_pct: ``resources.gen_sm_pct`` (pinned).
+        train_sm_pct: ``resources.train_sm_pct`` (pinned).
+        profile: ``resources.gpu_profile``: a GPU stage profile file.
+        gen_batch: the generator's batch (envs per call).
+        train_samples: decisions each learner update trains on.
+        min_pct: the least SM percent Algorithm 1 gives a stage.
+    """
+    if gen_sm_pct is not None or train_sm_pct is not None:
+        return SplitDecision(quotas(gen_gpus, learner_gpus, gen_sm_pct, train_sm_pct), PINNED)
+    shares = quotas(gen_gpus, learner_gpus)
+    if profile is None or not together(gen_gpus, learner_gpus):
+        return SplitDecision(shares, SHARES)
+    from ebrl.plan.profile import Profile as GpuProfile
+    from ebrl.resources.split import Pool, allocate
+
+    prof = sm_profile(GpuProfile.load(profile), gen_batch, train_samples)
+    alloc = allocate(prof, Pool(100, "sm_percent", min_units=min_pct))
+    chosen = {"gen": alloc.gen_units, "learner": alloc.train_units}
+    inputs = {
+        "profile": Path(profile).name,
+        "gen_batch": gen_batch,
+        "train_samples": train_samples,
+        "gen_per_s": f"{alloc.gen_throughput:.1f}",
+        "train_per_s": f"{alloc.train_throughput:.1f}",
+        "evaluations": alloc.evaluations,
+    }
+    log.info(
+        "GPU split (Algorithm 1 on %s, gen batch %d, train %d samples): gen %d%% (%.1f/s), "
+        "train %d%% (%.1f/s) of the GPU's SMs",
+        profile, gen_batch, train_samples, alloc.gen_units, alloc.gen_throughput,
+        alloc.train_units, alloc.train_throughput,
+    )  # fmt: skip
+    return SplitDecision(chosen, ALGORITHM1, inputs)
+
+
+def check_gpu_profile(profile: str | None, gen_gpus: float, learner_gpus: float) -> None:
+    """Refuse a ``resources.gpu_profile`` the run cannot split SMs from, before any work.
+
+    Raises:
+        ValueError: the generator and the learner do not share one GPU; the file is missing,
+            not a stage profile, or measured on CPU threads. The message names the key and
+            the fix.
+    """
+    if profile is None:
+        return
+    key = f"resources.gpu_profile={profile}"
+    if not together(gen_gpus, learner_gpus):
+        raise ValueError(
+            f"{key}: Algorithm 1 splits the SMs of a GPU the generator and the learner share, "
+            f"but {SHARE_KEYS['gen']}={gen_gpus:g}, {SHARE_KEYS['learner']}={learner_gpus:g} "
+            "do not share one (each must ask a share below one GPU, together at most 1: "
+            "+axis/scale=g1): leave it null"
+        )
+    from ebrl.plan.profile import Profile as GpuProfile
+    from ebrl.plan.profile import ProfileError
+
+    if not Path(profile).is_file():
+        raise ValueError(f"{key}: no such file; give a profile from python -m ebrl.plan.measure "
+                         "--device cuda, or leave it null")  # fmt: skip
+    try:
+        loaded = GpuProfile.load(profile)
+    except (ProfileError, OSError, ValueError) as e:
+        raise ValueError(f"{key}: not a stage profile ({e})") from e
+    sm_profile(loaded, 1, 1)  # measured at GPU shares, or refused naming the fix
+
+
+def mig_choice(
+    gpu: Any, roles: Iterable[tuple[str, int]], taken: set[str] | None = None
+) -> dict[str, Any]:
+    """The MIG instance of ``gpu`` each role runs on: the free one whose SMs are closest to its
+    quota (largest quota first; ties: the smaller instance, the bigger are kept for later).
+
+    Args:
+        gpu: a :class:`~ebrl.resources.topology.Gpu` in MIG mode.
+        roles: (worker, SM percent) of each role placed on it.
+        taken: MIG uuids already given out (updated).
+
+    Returns:
+        worker -> its :class:`~ebrl.resources.topology.MigInstance` (a role left without a free
+        instance is absent).
+    """
+    taken = set() if taken is None else taken
+    out = {}
+    sms = gpu.sms or max((m.sms for m in gpu.mig_instances), default=1)
+    for worker, pct in sorted(roles, key=lambda r: (-r[1], r[0])):
+        free = [m for m in gpu.mig_instances if m.uuid not in taken]
+        if not free:
+            continue
+        best = min(free, key=lambda m: (abs(100 * m.sms / sms - pct), m.sms, m.uuid))
+        taken.add(best.uuid)
+        out[worker] = best
+    return out
 
 
 def over_subscribed(per_gpu: Mapping[tuple[str, int], Iterable[tuple[str, int]]]) -> list[str]:
@@ -133,3 +313,96 @@ def time_sliced_warning(why: str, gen_gpus: float, learner_gpus: float) -> str:
         "Install the NVIDIA driver's MPS tools (nvidia-cuda-mps-control on PATH on every GPU "
         "node) or enable MIG (nvidia-smi -mig 1), or give each role whole GPUs"
     )
+
+
+@dataclass(frozen=True)
+class Resplit:
+    """One run-time re-split of a shared GPU's SMs (Algorithm 1 fired on a drift).
+
+    Attributes:
+        step: the update at the decision.
+        stage: the stage that drifted most from its planned rate (``gen`` or ``train``).
+        old: role -> SM percent before.
+        new: role -> SM percent Algorithm 1 chose.
+        cause: the monitor's account of the drift.
+        decided_at: ``time.perf_counter()`` at the decision.
+    """
+
+    step: int
+    stage: str
+    old: dict[str, int]
+    new: dict[str, int]
+    cause: str
+    decided_at: float
+
+    def describe(self) -> str:
+        return (
+            f"update {self.step}: {self.stage} drifted; gen {self.old['gen']}% -> "
+            f"{self.new['gen']}%, learner {self.old['learner']}% -> {self.new['learner']}%"
+        )
+
+
+class SMResplitter:
+    """Algorithm 1 at run time over a shared GPU's SMs: the elastic allocator
+    (:class:`~ebrl.resources.elastic.ElasticAllocator`) on the SM-percent profile the run's
+    split was chosen from (:func:`sm_profile`), fed each update's measured stage capacities;
+    when they drift from the plan by more than ``threshold`` for ``window`` updates it searches
+    the split again on the profile rescaled to what was measured.
+
+    Args:
+        profile: ``resources.gpu_profile``.
+        gen_batch: as for :func:`decide_split`.
+        train_samples: as for :func:`decide_split`.
+        threshold: ``resources.rebalance_threshold``.
+        window: ``resources.rebalance_patience`` (scaled to the run where unset).
+        min_pct: the least SM percent a stage gets.
+    """
+
+    def __init__(
+        self,
+        profile: str,
+        gen_batch: int,
+        train_samples: int,
+        threshold: float,
+        window: int,
+        min_pct: int = 5,
+    ) -> None:
+        import time
+
+        from ebrl.plan.profile import Profile as GpuProfile
+        from ebrl.resources.elastic import ElasticAllocator
+        from ebrl.resources.monitors import DivergenceMonitor
+        from ebrl.resources.split import Pool
+
+        self._clock = time.perf_counter
+        prof = sm_profile(GpuProfile.load(profile), gen_batch, train_samples)
+        self.allocator = ElasticAllocator(
+            prof, Pool(100, "sm_percent", min_units=min_pct), DivergenceMonitor(threshold, window)
+        )
+        self.history: list[Resplit] = []
+
+    @property
+    def quotas(self) -> dict[str, int]:
+        """The split in force (as decided: the caller applies it)."""
+        a = self.allocator.current
+        return {"gen": a.gen_units, "learner": a.train_units}
+
+    def observe(self, gen_per_s: float, train_per_s: float, step: int) -> Resplit | None:
+        """One update's measured capacities (decisions per busy second of the generator and
+        of the learner); a :class:`Resplit` when Algorithm 1 fired and chose another split."""
+        old = self.quotas
+        r = self.allocator.observe(gen_per_s, train_per_s, step=step)
+        if r is None or not r.changed:
+            return None
+        # the stage that drifted from its own level, else the one further from its planned rate
+        stage = self.allocator.drift.stage if "drifted" in r.cause else ""
+        if stage not in ("gen", "train"):
+            off = {
+                "gen": abs(r.measured_gen / r.old.gen_throughput - 1.0),
+                "train": abs(r.measured_train / r.old.train_throughput - 1.0),
+            }
+            stage = max(off, key=off.__getitem__)
+        out = Resplit(step, stage, old, self.quotas, r.cause, self._clock())
+        self.history.append(out)
+        log.info("GPU re-split at %s (%s)", out.describe(), r.cause)
+        return out

@@ -36,7 +36,7 @@ import os
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -48,13 +48,14 @@ from ebrl.resources.apply import MPS_CONTROL, affinity_guard, threads_guard
 from ebrl.resources.manager import trial_plan
 from ebrl.resources.model import Shape, Workload
 from ebrl.resources.model import split_groups as env_groups
-from ebrl.resources.mps import ClusterMPS
+from ebrl.resources.mps import ClusterMPS, mig_gpus
 from ebrl.resources.runtime import RunTimeManager
 from ebrl.resources.shape import ShapeChoice, ShapeTrials, shortlist
 from ebrl.runtime.backend import InProcessBackend, RayBackend, WorkerDied
 from ebrl.runtime.channel import Inbox, Outbox, new_authkey, node_ip
 from ebrl.runtime.dist import STRATEGIES
 from ebrl.runtime.placement import (
+    Ask,
     Placement,
     cluster_nodes,
     describe,
@@ -96,6 +97,10 @@ from ebrl.schedulers.ebrl.wiring import (
 from ebrl.schedulers.ebrl.workers import EnvWorker, GenWorker, LearnerWorker, Plan
 
 log = logging.getLogger(__name__)
+
+#: Ray sets CUDA_VISIBLE_DEVICES to a GPU actor's GPU index unless this is set in its process:
+#: a MIG instance is named by its uuid instead
+NOSET_CUDA = "RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES"
 
 
 def with_resources(plan: Plan, roles: Roles, manager: RunTimeManager | None) -> Plan:
@@ -222,6 +227,11 @@ class EBRLScheduler:
         self.sharing: sharing.Sharing | None = None
         self._unlogged_sharing: sharing.Sharing | None = None
         self.quotas: dict[str, int | None] = {}
+        #: how the last run's quotas were chosen (logged to MLflow with its first report)
+        self.split: sharing.SplitDecision | None = None
+        #: Algorithm 1 re-splitting the SMs while the run goes (an Algorithm 1 split under MPS)
+        self.resplitter: sharing.SMResplitter | None = None
+        self._unlogged_resplits: dict[str, str] = {}
         if self.device not in (None, "cuda", "cpu"):
             raise ValueError(
                 f"scheduler.device={self.device!r}: null (the roles with a GPU share compute "
@@ -431,7 +441,11 @@ class EBRLScheduler:
         manager: RunTimeManager | None = None
         to_stages: manage.Links | None = None  # the manager's links to gen and learner
         try:
-            self.set_quotas(ctx.factory.cfg)
+            self.set_quotas(
+                ctx.factory.cfg,
+                self.pinned_shape(ctx, roles).batch_min,
+                int(ctx.factory.cfg["num_envs"]) * ctx.decisions_per_env // roles.ranks,
+            )
             options = self.placement(roles, backend, ctx.run_dir, placement_groups(ctx.factory.cfg))
 
             def spawn(name: str, role: str, cls: type, *args: Any) -> Any:
@@ -473,6 +487,7 @@ class EBRLScheduler:
                 watch=self.reshape_on_drift,
             )
             plan = with_resources(plan, roles, manager)
+            self.resplitter = self._resplitter(factory.cfg, manager)
             gens = [
                 spawn(gen_name(r), "gen", GenWorker, factory, authkey, host, r, self._device("gen"))
                 for r in range(roles.replicas)
@@ -528,15 +543,130 @@ class EBRLScheduler:
             self._shutdown(inbox, handles, backend, slots, book, authkey, ctx.timeline, unread)
             self.stop_mps()  # already stopped by _shutdown, unless it failed before
 
-    def set_quotas(self, cfg: Any) -> dict[str, int | None]:
-        """Each role's SM quota for this run (``sharing.quotas``: ``resources.gen_sm_pct`` /
-        ``train_sm_pct`` where pinned, else the role's GPU share), checked
-        (``sharing.check_quotas``) and kept as ``quotas``."""
+    def set_quotas(
+        self, cfg: Any, gen_batch: int = 1, train_samples: int = 1
+    ) -> dict[str, int | None]:
+        """Each role's SM quota for this run, kept as ``quotas`` and its decision as
+        ``split``: ``resources.gen_sm_pct`` / ``train_sm_pct`` where pinned, else Algorithm 1
+        on ``resources.gpu_profile`` where the generator and the learner share a GPU, else
+        each role's GPU share (``sharing.decide_split``). The pinned values were checked before
+        any work (``ebrl.train``, ``sharing.check_quotas``).
+
+        Args:
+            cfg: the run's config.
+            gen_batch: the generator's batch (envs per call) Algorithm 1 sizes for.
+            train_samples: the decisions a learner rank trains on per update.
+        """
         node = (cfg.get("resources") if cfg is not None else None) or {}
-        gen_pct, train_pct = node.get("gen_sm_pct"), node.get("train_sm_pct")
-        sharing.check_quotas(self.gen_gpus, self.learner_gpus, gen_pct, train_pct)
-        self.quotas = sharing.quotas(self.gen_gpus, self.learner_gpus, gen_pct, train_pct)
+        self.split = sharing.decide_split(
+            self.gen_gpus,
+            self.learner_gpus,
+            node.get("gen_sm_pct"),
+            node.get("train_sm_pct"),
+            profile=node.get("gpu_profile"),
+            gen_batch=gen_batch,
+            train_samples=train_samples,
+        )
+        self.quotas = self.split.quotas
         return self.quotas
+
+    def _resplitter(self, cfg: Any, manager: RunTimeManager | None) -> sharing.SMResplitter | None:
+        """Algorithm 1 at run time over the shared GPU's SMs, where it chose the starting split
+        (``resources.gpu_profile``, unpinned) and MPS enforces it; None elsewhere (pinned
+        quotas stay; without MPS a quota is not enforced; without the resource manager no
+        rates are measured)."""
+        if (
+            manager is None
+            or self.split is None
+            or self.split.how != sharing.ALGORITHM1
+            or self.sharing != sharing.Sharing.mps
+        ):
+            return None
+        from ebrl.resources.manager import ResourceSettings, scaled_patience
+
+        settings = ResourceSettings.from_config(cfg.get("resources") or {})
+        inputs = self.split.inputs
+        return sharing.SMResplitter(
+            str((cfg.get("resources") or {}).get("gpu_profile")),
+            int(inputs["gen_batch"]),
+            int(inputs["train_samples"]),
+            settings.rebalance_threshold,
+            scaled_patience(settings.rebalance_patience, cfg),
+        )
+
+    def _resplit(
+        self,
+        iteration: int,
+        metrics: dict[str, float],
+        manager: RunTimeManager,
+        restarts: _Restarts,
+        handles: list,
+        run_dir: Path | None,
+    ) -> dict[str, float]:
+        """Feed the update's measured capacities to Algorithm 1 over the SMs; where it chose
+        another split, the generator replicas are restarted with their new quota
+        (:meth:`_Restarts.requota`: an MPS client's quota is fixed when its CUDA context is
+        made). The learner keeps its cap (its optimiser state lives in its process): a cap is a
+        limit, not a reservation, so a lower generator cap gives it the SMs up to its own.
+        Recorded in the run's log, ``gpu_resplits.jsonl`` and MLflow (``gpu/resplit<n>``).
+
+        Returns:
+            the update's ``gpu/*`` metrics: the quotas in force, the re-splits so far and the
+            last one's seconds from decision to effect.
+        """
+        assert self.resplitter is not None
+        out = {
+            "gpu/gen_sm_pct": float(self.quotas.get("gen") or 0),
+            "gpu/train_sm_pct": float(self.quotas.get("learner") or 0),
+            "gpu/resplits": float(len(self.resplitter.history)),
+        }
+        gen = metrics.get("resource/gen_per_s_update", metrics.get("resource/rollout_per_s_update"))
+        train = metrics.get("resource/train_per_s_update")
+        trying = manager.trials is not None and not manager.trials.done
+        if trying or iteration < manager.warmup or gen is None or train is None:
+            return out
+        r = self.resplitter.observe(float(gen), float(train), iteration)
+        if r is None:
+            return out
+
+        def opened(h: Any) -> None:  # its CUDA context is made, with the new quota
+            self._record_gpu_env([h], run_dir)  # read inside it, before it runs its loop
+
+        for i in range(restarts.roles.replicas):
+            restarts.requota(gen_name(i), r.new["gen"], handles, opened)
+        # in force: the new process acts for its env workers, with the newest weights
+        seconds = time.perf_counter() - r.decided_at
+        self.quotas = {**self.quotas, "gen": r.new["gen"]}
+        n = len(self.resplitter.history)
+        said = f"{r.describe()}; generator restarted with its quota in {seconds:.2f} s"
+        log.info("GPU re-split %d at %s (learner keeps its %d%% cap until it restarts)", n,
+                 said, r.old["learner"])  # fmt: skip
+        self._unlogged_resplits[f"gpu/resplit{n}"] = said
+        row = {
+            "resplit": n,
+            "step": r.step,
+            "stage": r.stage,
+            "old": r.old,
+            "new": r.new,
+            "applied": {"gen": r.new["gen"], "learner": r.old["learner"]},
+            "seconds_to_effect": seconds,
+            "cause": r.cause,
+        }
+        if run_dir is not None:
+            with open(run_dir / "gpu_resplits.jsonl", "a") as f:
+                f.write(json.dumps(row) + "\n")
+        out.update(
+            {
+                "gpu/gen_sm_pct": float(r.new["gen"]),
+                "gpu/resplits": float(n),
+                "gpu/resplit_s": seconds,
+                "gpu/resplit_gen_sm_pct_old": float(r.old["gen"]),
+                "gpu/resplit_gen_sm_pct_new": float(r.new["gen"]),
+                "gpu/resplit_train_sm_pct_old": float(r.old["learner"]),
+                "gpu/resplit_train_sm_pct_new": float(r.new["learner"]),
+            }
+        )
+        return out
 
     def placement(
         self, roles: Roles, backend: Any, run_dir: Path | None = None, groups: dict | None = None
@@ -577,13 +707,51 @@ class EBRLScheduler:
         pipes = self.start_mps(
             {p.node.node_id: p.node.address for p in self.placed if quota.get(p.ask)}
         )
+        mig = self._mig_devices(quota)
         names = {"sim": sim_name, "gen": gen_name, "learner": learner_name}
-        return {
-            names[p.ask.role](p.ask.index): ray_options(
-                p, sm_pct=quota.get(p.ask), mps_pipe=pipes.get(p.node.node_id)
+        out = {}
+        for p in self.placed:
+            opts = ray_options(
+                p,
+                mps=p.ask not in mig,
+                sm_pct=quota.get(p.ask),
+                mps_pipe=pipes.get(p.node.node_id),
             )
-            for p in self.placed
-        }
+            if p.ask in mig:  # its MIG instance; Ray must not set the GPU index over it
+                env = {"CUDA_VISIBLE_DEVICES": mig[p.ask].uuid, NOSET_CUDA: "1"}
+                opts["runtime_env"] = {"env_vars": env}
+                log.info("MIG: %s on %s (%d SMs, its quota %s%%)", p.ask.name, mig[p.ask].uuid,
+                         mig[p.ask].sms, quota.get(p.ask))  # fmt: skip
+            out[names[p.ask.role](p.ask.index)] = opts
+        return out
+
+    def _mig_devices(self, quota: dict[Ask, int | None]) -> dict[Ask, Any]:
+        """Where no MPS daemon serves a node and its GPU is in MIG mode: each GPU role there
+        with a quota gets the MIG instance closest to it (``sharing.mig_choice``)."""
+        nodes = self._mig_nodes
+        out: dict[Ask, Any] = {}
+        taken: set[str] = set()  # Ray nodes of one machine see the same instances
+        for node_id, gpus in nodes.items():
+            by_index = {g.index: g for g in gpus}
+            roles: dict[int, list[tuple[str, int]]] = {}
+            asks: dict[str, Ask] = {}
+            for p in self.placed:
+                pct, slot = quota.get(p.ask), (p.gpu_slots or (-1,))[0]
+                if p.node.node_id == node_id and pct and slot in by_index:
+                    roles.setdefault(slot, []).append((p.ask.name, pct))
+                    asks[p.ask.name] = p.ask
+            for slot, on_gpu in roles.items():
+                got = sharing.mig_choice(by_index[slot], on_gpu, taken)
+                for worker, inst in got.items():
+                    out[asks[worker]] = inst
+                if left := [w for w, _ in on_gpu if w not in got]:
+                    log.warning(
+                        "MIG: no free instance on GPU %d for %s: add MIG instances "
+                        "(nvidia-smi mig -cgi ... -C)",
+                        slot,
+                        ", ".join(left),
+                    )
+        return out
 
     def start_mps(self, nodes: dict[str, str]) -> dict[str, str]:
         """An MPS control daemon, started or joined, on each of ``nodes`` (node id -> address:
@@ -598,15 +766,22 @@ class EBRLScheduler:
         gpu_roles = any(p.ask.gpus > 0 for p in self.placed)
         self.sharing = sharing.Sharing.whole if gpu_roles else None
         self._unlogged_sharing = self.sharing
+        self._mig_nodes: dict[str, Any] = {}  # node id -> its GPUs in MIG mode, no daemon
         if not nodes:
             return {}
         self.mps = ClusterMPS(self.mps_control)
+        mig: dict[str, Any] = {}
         try:
             states = self.mps.start(nodes)
-            missing = [s.why for s in dict.fromkeys(states.values()) if not s.serves]
+            mig = self._mig_nodes = mig_gpus(states)  # MIG serves where no daemon does
+            bare = {s for n, s in states.items() if not s.serves and n not in mig}
+            missing = [s.why + " and its GPU has no MIG instances" for s in bare]
         except Exception as e:  # an actor that could not start: the run goes on, time-sliced
             missing = [f"the MPS keepers did not start ({type(e).__name__}: {e})"]
-        self.sharing = sharing.Sharing.time_sliced if missing else sharing.Sharing.mps
+        if missing:
+            self.sharing = sharing.Sharing.time_sliced
+        else:
+            self.sharing = sharing.Sharing.mig if mig else sharing.Sharing.mps
         self._unlogged_sharing = self.sharing
         if missing:
             why = "; ".join(missing)
@@ -701,6 +876,12 @@ class EBRLScheduler:
                         metrics.update(manager.report(m.iteration, m.env_steps, metrics))
                         if manager.choice is not None:
                             self.shape_choice = manager.choice
+                        if self.resplitter is not None and restarts is not None:
+                            metrics.update(
+                                self._resplit(
+                                    m.iteration, metrics, manager, restarts, handles, ctx.run_dir
+                                )
+                            )
                     params: dict[str, Any] = {}
                     choice, self._unlogged_shape = self._unlogged_shape, None
                     if choice is not None:  # the first report carries the shape search's outcome
@@ -708,7 +889,11 @@ class EBRLScheduler:
                         metrics.update(choice.metrics())
                     if self._unlogged_sharing is not None:  # and how the GPUs were shared
                         params[sharing.TAG] = str(self._unlogged_sharing)
+                        if self.split is not None and self._unlogged_sharing != "whole":
+                            params.update(self.split.params())  # and how the SMs were split
                         self._unlogged_sharing = None
+                    params.update(self._unlogged_resplits)
+                    self._unlogged_resplits = {}
                     yield IterationReport(m.iteration, m.env_steps, metrics, params, arrived)
                 elif isinstance(m, Telemetry):
                     for span in m.spans:
@@ -975,7 +1160,31 @@ class _Restarts:
         h.start(self._links()[name], self.plan)
         log.warning("sim%d: replaced; it continues at segment %d", w, owed.index)
 
-    def _replace_gen(self, name: str, handles: list) -> None:
+    def requota(
+        self, name: str, quota: int, handles: list, opened: Callable[[Any], None] | None = None
+    ) -> Any:
+        """Replace the live generator replica ``name`` by one whose process runs with SM quota
+        ``quota`` (``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE``: CUDA reads it when the process makes
+        its context, so a new process it must be). The replacement is the one a dead replica
+        gets (:meth:`_replace_gen`): the newest weights from the board, its env workers rewired
+        to it, no env reset, no transition lost. It is not a fault: ``max_restarts`` is not
+        spent. ``opened``: as for :meth:`_replace_gen`. Returns the new handle."""
+        old = next(h for h in handles if h.name == name and h not in self.dead)
+        opts = dict(self.options.get(name) or {})
+        runtime_env = dict(opts.get("runtime_env") or {})
+        env = dict(runtime_env.get("env_vars") or {})
+        env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(int(quota))
+        self.options[name] = {**opts, "runtime_env": {**runtime_env, "env_vars": env}}
+        self.dead.append(old)
+        old.kill()
+        self._replace_gen(name, handles, opened)
+        return handles[-1]
+
+    def _replace_gen(
+        self, name: str, handles: list, opened: Callable[[Any], None] | None = None
+    ) -> None:
+        """A new generator replica ``name``; ``opened`` is called with its handle once its
+        process is up, before it runs its loop (a call on it then would queue behind that)."""
         r = 0 if name == gen_name(0) else int(name.removeprefix("gen"))
         epoch = self.epochs[r] = self.epochs.get(r, 0) + 1
         h = self._spawn(
@@ -984,6 +1193,8 @@ class _Restarts:
         )  # fmt: skip
         self.book[name] = h.open()
         handles.append(h)
+        if opened is not None:
+            opened(h)
         links = self._links()
         h.start(links[name], self.plan)
         for w in self.roles.served_by(r):  # a dead env worker's replacement says Hello itself

@@ -1,0 +1,141 @@
+"""How a shared GPU's SMs are split between the generator and the learner (issue 42): pinned
+quotas win; unpinned, Algorithm 1 chooses them from a GPU stage profile
+(``resources.gpu_profile``); without one, each role's GPU share. At run time Algorithm 1 splits
+again when the stages drift from the plan. The profile here is the planner's shipped one
+(``conf/plan/example_gpu_profile.json``: pi0 on an H100 at shares 0.25, 0.5 and 1)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from ebrl.config import ConfigError, validate
+from ebrl.hardware import MachineFacts
+from ebrl.plan.profile import Profile as GpuProfile
+from ebrl.resources import sharing
+from ebrl.resources.split import profile_curve
+from ebrl.train import _refuse_unwired_resources
+
+from .alloc_reference import balance_brute_force
+from .conftest import make_cfg
+
+ROOT = Path(__file__).resolve().parents[1]
+PROFILE = str(ROOT / "conf" / "plan" / "example_gpu_profile.json")
+G1 = ["scheduler=ebrl", "+axis/scale=g1", "gpu=h100", "scheduler.device=cpu"]
+H100 = MachineFacts(where="the test machine", gpus=("NVIDIA H100 80GB HBM3",), cuda=False, cpus=16)
+
+
+@pytest.mark.parametrize(("gen_batch", "train_samples"), [(1, 16), (8, 64), (16, 256)])
+def test_algorithm_1_gives_the_split_whose_slower_stage_is_fastest(gen_batch, train_samples):
+    got = sharing.decide_split(
+        0.5, 0.5, profile=PROFILE, gen_batch=gen_batch, train_samples=train_samples
+    )
+    assert got.how == sharing.ALGORITHM1
+    assert got.quotas["gen"] + got.quotas["learner"] == 100
+    prof = sharing.sm_profile(GpuProfile.load(PROFILE), gen_batch, train_samples)
+    gen = profile_curve(prof.curve("gen", gen_batch))
+    train = profile_curve(prof.curve("train", train_samples))
+    best = balance_brute_force(gen, train, 100, 5)
+    assert min(gen(got.quotas["gen"]), train(got.quotas["learner"])) == pytest.approx(best.value)
+    params = got.params()
+    assert params["gpu/split"] == "algorithm1"
+    assert params["gpu/gen_sm_pct"] == str(got.quotas["gen"])
+    assert params["gpu/split_gen_batch"] == str(gen_batch)
+
+
+def test_pinned_quotas_win_over_the_profile():
+    got = sharing.decide_split(0.5, 0.5, 70, None, profile=PROFILE, gen_batch=1, train_samples=16)
+    assert (got.how, got.quotas) == (sharing.PINNED, {"gen": 70, "learner": 50})
+
+
+def test_without_a_profile_each_role_gets_its_share():
+    got = sharing.decide_split(0.5, 0.25)
+    assert (got.how, got.quotas) == (sharing.SHARES, {"gen": 50, "learner": 25})
+
+
+def test_a_gpu_profile_for_roles_that_do_not_share_a_gpu_is_refused():
+    over = ["scheduler=ebrl", "gpu=h100", "scheduler.device=cpu", "scale.gen_gpus=1"]
+    over += ["scale.learner_gpus=1", f"resources.gpu_profile={PROFILE}"]
+    with pytest.raises(ConfigError) as e:
+        _refuse_unwired_resources(validate(make_cfg(over), machine=H100))
+    assert "resources.gpu_profile=" in str(e.value) and "leave it null" in str(e.value)
+
+
+def test_a_missing_gpu_profile_is_refused_naming_the_key_and_the_fix(tmp_path):
+    missing = tmp_path / "nope.json"
+    with pytest.raises(ConfigError) as e:
+        _refuse_unwired_resources(
+            validate(make_cfg([*G1, f"resources.gpu_profile={missing}"]), machine=H100)
+        )
+    assert f"resources.gpu_profile={missing}: no such file" in str(e.value)
+    assert "ebrl.plan.measure --device cuda" in str(e.value)
+
+
+def test_a_shipped_gpu_profile_is_taken_under_ebrl():
+    _refuse_unwired_resources(validate(make_cfg([*G1, f"resources.gpu_profile={PROFILE}"]), H100))
+
+
+def planned(r: sharing.SMResplitter) -> tuple[float, float]:
+    a = r.allocator.current
+    return a.gen_throughput, a.train_throughput
+
+
+def test_no_re_split_while_the_stages_run_as_planned():
+    r = sharing.SMResplitter(PROFILE, 1, 16, threshold=0.15, window=3)
+    gen, train = planned(r)
+    assert [r.observe(gen, train, step) for step in range(10)] == [None] * 10
+
+
+def test_a_generator_slower_than_planned_for_a_window_gets_more_sms():
+    r = sharing.SMResplitter(PROFILE, 1, 16, threshold=0.15, window=3)
+    start = r.quotas
+    gen, train = planned(r)
+    got = [r.observe(gen * 0.5, train, step) for step in range(3)]
+    assert got[:2] == [None, None]  # not before a whole window
+    done = got[2]
+    assert done is not None and done.stage == "gen" and done.old == start
+    assert done.new["gen"] > start["gen"] and done.new["gen"] + done.new["learner"] == 100
+    assert r.quotas == done.new and r.history == [done]
+    assert "diverged more than 15%" in done.cause
+
+
+def fake_nvml(monkeypatch, tmp_path, mig: str | None):
+    """The fake NVML of tests/test_gpu_fake.py, imported here, showing one H100."""
+    import importlib.util
+
+    from .test_gpu_fake import FAKE_NVML
+
+    path = tmp_path / "pynvml.py"
+    path.write_text(FAKE_NVML)
+    spec = importlib.util.spec_from_file_location("fake_pynvml", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    monkeypatch.setenv("FAKE_NVML_GPUS", "NVIDIA H100 80GB HBM3")
+    if mig is None:
+        monkeypatch.delenv("FAKE_NVML_MIG", raising=False)
+    else:
+        monkeypatch.setenv("FAKE_NVML_MIG", mig)
+    return mod
+
+
+def test_each_role_gets_the_mig_instance_closest_to_its_quota(monkeypatch, tmp_path):
+    from ebrl.resources.topology import discover_gpus
+
+    (gpu,) = discover_gpus(fake_nvml(monkeypatch, tmp_path, "16:10,32:20,60:40"))
+    assert gpu.mig_enabled and [m.sms for m in gpu.mig_instances] == [16, 32, 60]
+    # of 132 SMs: 12%, 24%, 45%
+    got = sharing.mig_choice(gpu, [("gen", 15), ("learner", 85)])
+    assert {w: m.uuid for w, m in got.items()} == {"learner": "MIG-fake-0-2", "gen": "MIG-fake-0-0"}
+    taken: set[str] = set()
+    got = sharing.mig_choice(gpu, [("gen", 50), ("learner", 50)], taken)
+    assert {w: m.uuid for w, m in got.items()} == {"gen": "MIG-fake-0-2", "learner": "MIG-fake-0-1"}
+    assert taken == {"MIG-fake-0-2", "MIG-fake-0-1"}
+    assert sharing.mig_choice(gpu, [("gen2", 50), ("gen3", 50)], taken).keys() == {"gen2"}
+
+
+def test_without_mig_mode_nvml_shows_no_instances(monkeypatch, tmp_path):
+    from ebrl.resources.topology import discover_gpus
+
+    (gpu,) = discover_gpus(fake_nvml(monkeypatch, tmp_path, None))
+    assert not gpu.mig_enabled and gpu.mig_instances == ()
