@@ -34,6 +34,17 @@ exec > >(tee -a "$OUT/gpu_check.log") 2>&1
 export PYTHONUNBUFFERED=1 RAY_AUTH_MODE=disabled
 status=0
 missing=()  # what could not be carried or run
+# stopped (SIGTERM, SIGINT): stop each phase's process group (`timeout` leads one), then kill
+# what is left of it after 20 s, so that no run, Ray instance or MPS daemon outlives the check
+stop() {
+  local groups
+  groups=$(jobs -p)
+  for g in $groups; do kill -TERM -- "-$g" 2>/dev/null || kill -TERM "$g" 2>/dev/null; done
+  sleep 20
+  for g in $groups; do kill -KILL -- "-$g" 2>/dev/null; done
+  exit 143
+}
+trap stop TERM INT
 
 # seconds for a phase: its own budget, or what is left of the whole one (minus 10 s to pack)
 budget() {
