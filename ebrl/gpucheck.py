@@ -104,8 +104,9 @@ def provenance(mode: str, command: str, seeds: str, carried: Sequence[str]) -> d
 
 
 # --- the MPS daemon's clients, while a run goes -------------------------------------------------
-def mps_control(pipe: str | None, command: str) -> str:
-    """One ``nvidia-cuda-mps-control`` command to the daemon at ``pipe``; its answer."""
+def mps_control(pipe: str | None, command: str) -> tuple[bool, str]:
+    """One ``nvidia-cuda-mps-control`` command to the daemon at ``pipe``: (answered, its
+    answer or why there was none)."""
     env = dict(os.environ)
     if pipe:
         env["CUDA_MPS_PIPE_DIRECTORY"] = pipe
@@ -120,8 +121,8 @@ def mps_control(pipe: str | None, command: str) -> str:
             check=False,
         )
     except (OSError, subprocess.TimeoutExpired) as e:
-        return f"({e})"
-    return p.stdout.strip()
+        return False, f"nvidia-cuda-mps-control: {e}"
+    return True, p.stdout.strip()
 
 
 def mps_lines(run: Path) -> list[str]:
@@ -143,10 +144,15 @@ def mps_lines(run: Path) -> list[str]:
     if not pipes:
         lines.append("  no MPS pipe: the roles time-slice the GPU")
     for pipe in pipes:
-        servers = mps_control(pipe, "get_server_list").split()
+        ok, answer = mps_control(pipe, "get_server_list")
+        if not ok:
+            lines.append(f"  daemon at {pipe}: not asked ({answer})")
+            continue
+        servers = answer.split()
         lines.append(f"  daemon at {pipe}: servers {' '.join(servers) or 'none'}")
         for s in servers:
-            clients = mps_control(pipe, f"get_client_list {s}").split()
+            ok, answer = mps_control(pipe, f"get_client_list {s}")
+            clients = answer.split() if ok else [f"({answer})"]
             lines.append(f"    server {s}: clients {' '.join(clients) or 'none'}")
     return lines
 

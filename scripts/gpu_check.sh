@@ -101,7 +101,7 @@ EOF
 else
   # ~20 s of set-up, then 110 + 250 + 55 + 15 + 10 = 440 s: 460 s, under 8 min with the call's
   # own start. The regime's runs take ~20 s (sync, Colocated) to ~35 s (Ray) each on 16 cores
-  MODE=gpu SWEEP=gpu_regime EXPERIMENT=gpu_regime DEVICE=cuda LEVELS=0.5,1 BATCHES=8,16,32
+  MODE=gpu SWEEP=gpu_regime EXPERIMENT=gpu_regime DEVICE=cuda LEVELS=0.5,1 BATCHES=8,16
   T_TESTS=${TESTS_TIMEOUT:-110} T_REGIME=250 T_MPS=0 T_PROFILE=55
   FAKE_ENV=()
   GPU=""
@@ -132,7 +132,7 @@ timeout -k 10 "$t" "$PY" -m pytest -q -s -rs -m gpu -p no:cacheprovider --durati
 REGIME=$WORK/regime
 # the MPS daemon's clients and each GPU role's quota, listed while each run goes
 watch_mps() {  # $1: the runs folder, $2: the pid to outlive; sets $watcher
-  "$PY" -m ebrl.gpucheck watch-mps "$1" --out "$WORK/mps_clients.txt" --while-pid "$2" &
+  env "${FAKE_ENV[@]}" "$PY" -m ebrl.gpucheck watch-mps "$1" --out "$WORK/mps_clients.txt" --while-pid "$2" &
   watcher=$!
 }
 if [ -n "$GPU" ]; then
