@@ -175,10 +175,12 @@ def _config_scheduler(run: Path) -> str:
     return "?"
 
 
-def watch_mps(runs: Path, out: Path, while_pid: int, settle_s: float = 2.0) -> int:
+def watch_mps(runs: Path, out: Path, while_pid: int, settle_s: float = 0.5) -> int:
     """Until ``while_pid`` ends: for every run folder under ``runs`` whose GPU roles have written
-    ``gpu_env.jsonl``, wait ``settle_s`` (each client connects when it makes its CUDA context),
-    then list the daemon's servers and clients (once per run). Returns the runs listed."""
+    ``gpu_env.jsonl``, wait ``settle_s``, then list the daemon's servers and clients (once per
+    run). The roles record their environment once their stages are built on the device (their
+    CUDA contexts, so their MPS clients, exist); the daemon goes with the run, so the wait is
+    short. Returns the runs listed."""
     seen: set[Path] = set()
     out.parent.mkdir(parents=True, exist_ok=True)
 
@@ -402,7 +404,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     w.add_argument("runs", type=Path)
     w.add_argument("--out", type=Path, required=True)
     w.add_argument("--while-pid", type=int, required=True)
-    w.add_argument("--settle-s", type=float, default=2.0)
+    w.add_argument("--settle-s", type=float, default=0.5)
     pa = sub.add_parser("plan-args", help="python -m ebrl.plan arguments for a run folder")
     pa.add_argument("run", type=Path)
     r = sub.add_parser("report", help="the regime's table, EBRL / best baseline, planner error")
