@@ -56,7 +56,7 @@ def test_the_cpu_sweep_is_the_same_runs_with_the_policy_and_budget_shrunk():
     cfg = _compose(["+sweep=gpu_regime_cpu", *(f"{k}={v}" for k, v in cpu[0].items())])
     assert cfg.gpu.name == "cpu" and cfg.scale.gen_gpus == 0 and cfg.scale.learner_gpus == 0
     assert cfg.policy.d_model == 64 and cfg.policy.dtype == "bf16"  # the same class, in bf16
-    assert cfg.budget.iterations == 2
+    assert cfg.budget.iterations == 3
 
 
 def test_the_vla_policy_has_hundreds_of_millions_of_parameters_its_trunk_in_bf16():
