@@ -123,7 +123,7 @@ def test_the_carry_check_counts_the_tree_and_each_carried_file_against_64_mib(tm
     assert lines[-1].endswith("OVER the limit")
 
 
-@pytest.mark.slow  # every phase, 5 runs on the cores (3 with Ray): ~8 min on a loaded 2-core VM
+@pytest.mark.slow  # every phase, 5 runs (3 with Ray): 171 s here, 10-11 min under heavy load
 @pytest.mark.timeout(1600)
 def test_the_dry_run_runs_every_phase_and_prints_what_the_gpu_run_must(tmp_path):
     """The sweep narrowed to Colocated and EBRL (GPU_CHECK_ARGS) to save minutes: the full
