@@ -136,6 +136,13 @@ test-rliable:
 test-gpu: setup
 	$(PY) -m pytest -q -m gpu
 
+# scripts/gpu_check.sh (docs/gpu-check.md): the GPU tests, the paper's regime in miniature and the
+# planner's error, < 8 min on one GPU, into OUT (default outputs/gpu-check/<time>); DRY=1: every
+# phase on the CPU (the policy and budgets shrunk, a fake NVML and MPS daemon)
+.PHONY: gpu-check
+gpu-check:
+	GPU_CHECK_DRY=$(DRY) scripts/gpu_check.sh
+
 # The RLinf golden tests (tests/test_rlinf_translate.py: our translation through RLinf 0.3's own
 # placement parser and config validator), skipped by `make test`: a separate venv with the rlinf
 # extra (~4 GB, ~2 min) and an RLinf checkout at v0.3: an existing one (RLINF_REPO=<checkout>,

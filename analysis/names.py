@@ -36,6 +36,7 @@ POLICIES = {
     "transformer_s": "Transformer-S (VLA-shaped)",
     "transformer_m": "Transformer-M (VLA-shaped)",
     "transformer_l": "Transformer-L (VLA-shaped)",
+    "transformer_vla": "Transformer-VLA (VLA-shaped, 302M, bf16)",
     "pi0": "π0",
     "pi05": "π0.5",
     "pi0_tiny": "π0 (tiny, CPU)",

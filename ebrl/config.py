@@ -468,6 +468,10 @@ class TransformerPolicyNode:
     _target_: str = "ebrl.policies.transformer.TransformerPolicy"
     size: ModelSize = ModelSize.S
     log_std_init: float = -0.5
+    d_model: int | None = None  # width, depth, heads over the size's (TransformerPolicy)
+    layers: int | None = None
+    heads: int | None = None
+    dtype: str = "fp32"  # fp32 | bf16: the actor trunk's parameters
 
 
 # --- algorithms -------------------------------------------------------------------------------

@@ -1,7 +1,9 @@
 """A fake ``nvidia-cuda-mps-control`` for the MPS tests (tests/test_resources_apply.py,
 tests/test_gpu_fake.py, tests/test_ebrl_mps.py): ``-d`` forks a daemon that makes its control
 pipe in ``CUDA_MPS_PIPE_DIRECTORY`` and lives until SIGTERM, as the real one; a client's
-``quit`` on stdin ends it (unless ``FAKE_MPS_IGNORE_QUIT`` is set: a daemon that will not quit).
+``quit`` on stdin ends it (unless ``FAKE_MPS_IGNORE_QUIT`` is set: a daemon that will not quit);
+``get_server_list`` answers the daemon's pid (its stand-in server), ``get_client_list`` nothing
+(no CUDA client can reach it).
 Where ``FAKE_MPS_LOG`` names a file, each start and quit is appended to it, with the daemon's
 pid and pipe directory."""
 
@@ -46,6 +48,9 @@ else:  # a client: read commands
         if line.strip() == "quit" and not os.environ.get("FAKE_MPS_IGNORE_QUIT"):
             record(f"quit {pipe}")
             os.kill(int(open(pidfile).read()), signal.SIGTERM)
+        elif line.strip() == "get_server_list" and os.path.exists(pidfile):
+            print(open(pidfile).read().strip())  # the daemon stands in for its one server
+        # get_client_list <pid>: no answer: no CUDA client can connect to this daemon
 """
 
 

@@ -26,12 +26,19 @@ PAPER = ["headline", "scaling", "convergence", "staleness", "ablation", "grpo"]
 #: sweeps that measure one run's traces (utilisation, step latency, trajectory length): one seed
 #: by design, each figure a single run's time series; every comparison sweep has 3 or more
 TRACE_SWEEPS = {"motivation", "motivation_full"}
+#: sweeps run within one GPU check's 8 minutes (scripts/gpu_check.sh): 2 seeds
+GPU_CHECK_SWEEPS = {"gpu_regime", "gpu_regime_cpu"}
 CPU_MACHINE = MachineFacts(where="a 2-core CPU machine", cpus=2)
 
 
 def _machine(cfg):
     run = OmegaConf.to_object(cfg)
-    return target_machine(run) if run.launcher.kind == LauncherKind.slurm else CPU_MACHINE
+    if run.launcher.kind == LauncherKind.slurm:
+        return target_machine(run)
+    if run.gpu.device_name is not None:  # a local sweep for one GPU (the GPU check's machine)
+        name = f"NVIDIA {run.gpu.device_name}"
+        return MachineFacts(where=f"one {name}", gpus=(name,), cuda=True, cpus=16)
+    return CPU_MACHINE
 
 
 def _missing_option(override: str) -> str | None:
@@ -69,6 +76,7 @@ def test_sweep_composes_and_every_axis_value_validates(name):
     assert str(base.hydra.mode) == "RunMode.MULTIRUN"
     seeds = {o for j in jobs for o in j if o.startswith("seed=")}
     least = 1 if name in TRACE_SWEEPS else 5 if name.startswith("headline") else 3
+    least = 2 if name in GPU_CHECK_SWEEPS else least
     assert len(seeds) >= least, f"{name}: seeds {seeds}"
     assert len(jobs) == len({tuple(j) for j in jobs})
     # a covering subset: for each axis value, the first job that has it

@@ -37,6 +37,8 @@ SIZES: dict[str, tuple[int, int, int]] = {
     "M": (128, 4, 4),
     "L": (192, 6, 6),
 }
+#: the trunk's parameter dtype by its config name
+DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
 class TransformerPolicy(Policy):
@@ -53,6 +55,9 @@ class TransformerPolicy(Policy):
         log_std_init: initial log standard deviation of every action dimension.
         critic_hidden: width of the critic MLP.
         critic_layers: hidden layers of the critic MLP.
+        dtype: ``"fp32"`` or ``"bf16"``: the actor's trunk (embeddings, encoder, action head)
+            in bfloat16, as VLAs are served and trained; the critic, the log-std and every
+            log-prob stay float32 (PPO's ratios need them exact).
     """
 
     def __init__(
@@ -68,6 +73,7 @@ class TransformerPolicy(Policy):
         log_std_init: float = -0.5,
         critic_hidden: int = 256,
         critic_layers: int = 3,
+        dtype: str = "fp32",
     ) -> None:
         super().__init__(spec)
         size = str(getattr(size, "value", size))  # accept a str Enum member from a config schema
@@ -118,6 +124,14 @@ class TransformerPolicy(Policy):
         self.critic = tanh_mlp(spec.obs_dim, 1, critic_hidden, critic_layers, head_std=1.0)
         self.log_std = nn.Parameter(torch.full((k, a), float(log_std_init)))  # [K, A]
         self.d_model, self.num_layers, self.num_heads = d, n_layers, n_heads
+        dtype = str(getattr(dtype, "value", dtype))
+        if dtype not in DTYPES:
+            raise ValueError(f"TransformerPolicy: dtype={dtype!r}: one of {list(DTYPES)}")
+        self.trunk_dtype = DTYPES[dtype]
+        for part in (self.obs_embed, self.prev_action, self.encoder, self.action_head):
+            part.to(self.trunk_dtype)
+        for name in ("obs_pos", "action_queries", "start"):
+            getattr(self, name).data = getattr(self, name).data.to(self.trunk_dtype)
 
     def _tokens(self, obs: torch.Tensor, prev: torch.Tensor | None) -> torch.Tensor:
         """Observation tokens + action tokens -> ``[B, S + J, d]``.
@@ -126,6 +140,7 @@ class TransformerPolicy(Policy):
         are bare queries (parallel decoding).
         """
         b = obs.shape[0]
+        obs = obs.to(self.trunk_dtype)
         x = nn.functional.pad(obs, (0, self.pad))  # [B, S * P]
         x = self.obs_embed(x.view(b, self.obs_tokens, self.token_dim)) + self.obs_pos  # [B, S, d]
         if prev is None:
@@ -133,7 +148,7 @@ class TransformerPolicy(Policy):
         else:
             j = prev.shape[1] + 1
             carry = torch.cat(
-                [self.start.expand(b, 1, -1), self.prev_action(prev)], dim=1
+                [self.start.expand(b, 1, -1), self.prev_action(prev.to(self.trunk_dtype))], dim=1
             )  # [B, J, d]
             q = self.action_queries[:j].unsqueeze(0) + carry  # [B, J, d]
         return torch.cat([x, q], dim=1)
@@ -142,7 +157,7 @@ class TransformerPolicy(Policy):
         tokens = self._tokens(obs, prev)  # [B, S + J, d]
         n = tokens.shape[1]
         h = self.encoder(tokens, mask=self.attn_mask[:n, :n])  # [B, S + J, d]
-        return self.action_head(h[:, self.obs_tokens :])  # [B, J, A]
+        return self.action_head(h[:, self.obs_tokens :]).float()  # [B, J, A], float32
 
     def _normal(self, mean: torch.Tensor) -> torch.distributions.Normal:
         k = mean.shape[1]
