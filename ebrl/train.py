@@ -778,6 +778,8 @@ def _write_outputs(
             final["summary/success_rate"] = summary.success_rate
         if summary.eval_success_rate is not None:
             final["summary/eval_success_rate"] = summary.eval_success_rate
+            # the Wilson interval of the rate counts them (analysis.tables.TRIALS)
+            final["summary/eval_episodes"] = summary.eval_episodes
         tracker.log_metrics(final, step=summary.env_steps)
         # the run's own files, and the resource manager's (its shape search, profile, split and
         # reallocations)

@@ -109,3 +109,16 @@ def test_auto_on_a_simulator_without_fixed_states_is_the_old_stream(tiny_cfg):
     (cohort,) = plan.cohorts
     assert cohort.env_ids == (0, 1)
     assert cohort.seeds == tuple(reset_seed(0, EVAL_STREAM + e, 0) for e in range(5))
+
+
+def test_the_export_carries_each_runs_evaluation_episodes_for_wilson(tiny_cfg, tmp_path):
+    """A success rate's Wilson interval counts episodes: the run logs how many it evaluated,
+    and the export has them beside the rate (analysis.tables.TRIALS)."""
+    pytest.importorskip("mlflow")
+    from analysis.export import export_runs
+    from ebrl.train import train
+
+    train(tiny_cfg(["eval.episodes=3"]))
+    runs = export_runs(f"sqlite:///{tmp_path / 'mlflow' / 'mlflow.db'}", ["ebrl"]).runs
+    assert runs["eval_success_rate"].tolist() == [1.0]
+    assert runs["eval_episodes"].tolist() == [3]
