@@ -44,6 +44,8 @@ help:
 	@echo "make plan [PROFILE=<file>] [MACHINE=cpu|cluster|scale/g<N>|<file>] [VALIDATE=1] [OUT=<dir>]"
 	@echo "               the capacity planner: every scheduler predicted, no run started (into outputs/plan/)"
 	@echo "make test-readme  every command README.md, REPRODUCE.md and docs/ show, run as written with tiny budgets"
+	@echo "make convergence-libero  LIBERO-Object task 0 from its clone: Sync/Async/EBRL to LIBERO_TARGET success, 5 seeds (~3.5 h on an idle 2-core machine, estimated)"
+	@echo "make staleness-libero    the same workload under EBRL, k = 0,1,2,4,8, 5 seeds (~4 h on an idle 2-core machine, estimated)"
 	@echo "make sft-libero  LIBERO-Object: scripted expert, demonstrations, behaviour cloning, the clone evaluated (init_checkpoint= for RL)"
 
 setup: $(STAMP) $(VULKAN) $(MODEL_BUILT)
@@ -267,6 +269,35 @@ sft-libero: setup setup-libero
 	$(PY) -m ebrl.sft.libero all --out $(SFT_OUT) $(SFT_ARGS) $(SFT_POLICY)
 	@echo "RL from the clone: $(PY) -m ebrl.train simulator=libero simulator.task=libero_object" \
 	  "simulator.init_states=sampled $(SFT_POLICY) init_checkpoint=$(SFT_OUT)/policy.pt"
+
+# The convergence and staleness studies on LIBERO-Object (issue 44): PPO from the behaviour clone
+# of task 0 (conf/experiment/convergence_libero.yaml says why one task), success on the suite's
+# fixed initial states. The clone first (LIBERO_SFT/policy.pt, kept), then the sweep, its export
+# and the report (intervals: t on paired log ratios for time-to-target ratios, Wilson for success)
+# into results/libero-<study>-cpu/<time>/. LIBERO_TARGET: the success the time is measured to.
+LIBERO_SFT ?= outputs/sft/libero_object_task0
+LIBERO_SFT_ARGS ?= --states 50 --episodes 40 --workers 1
+LIBERO_TARGET ?= 0.9
+_LIBERO_TASK = simulator.task_id=0 policy=mlp chunk_size=8
+.PHONY: convergence-libero staleness-libero
+$(LIBERO_SFT)/policy.pt:
+	$(MAKE) setup setup-libero
+	$(PY) -m ebrl.sft.libero all --out $(LIBERO_SFT) $(LIBERO_SFT_ARGS) $(_LIBERO_TASK)
+# $(1) target, $(2) sweep, $(3) results folder, $(4) report options
+define libero_target
+$(1): $$(LIBERO_SFT)/policy.pt
+	$$(PY) -m ebrl.launch $(2) --out outputs/sweeps/$(2)-cpu/$$(NOW) \
+	  init_checkpoint=$$(LIBERO_SFT)/policy.pt tracking.experiment=$(2)-cpu-$$(NOW) $$(_TRACK) $$(ARGS)
+	$$(PY) -m analysis.export --uri $$(_URI) --experiment $(2)-cpu-$$(NOW) \
+	  --out outputs/sweeps/$(2)-cpu/$$(NOW)/export
+	$$(PY) -m analysis.report --runs outputs/sweeps/$(2)-cpu/$$(NOW)/export --kind $(4) \
+	  --out $(3)/$$(NOW)
+endef
+$(eval $(call libero_target,convergence-libero,convergence_libero,results/libero-convergence-cpu,\
+  convergence --key eval/success_rate --window 1 --censored budget --success eval_success_rate \
+  --threshold $$(LIBERO_TARGET)))
+$(eval $(call libero_target,staleness-libero,staleness_libero,results/libero-staleness-cpu,\
+  staleness --success eval_success_rate))
 
 # A long EBRL run on the embedded default with its memory, file descriptors and shared memory
 # sampled every minute (benchmarks/soak.py); SOAK_MINUTES of training.

@@ -59,7 +59,7 @@ SUMMARY_METRICS = (
 )
 #: summary metrics that only some configurations log (``eval.episodes > 0``): exported when any
 #: exported run has one, and then required of every run like the others
-OPTIONAL_SUMMARY_METRICS = ("summary/eval_success_rate",)
+OPTIONAL_SUMMARY_METRICS = ("summary/eval_success_rate", "summary/eval_episodes")
 #: curve keys; exact names are required of every run, patterns (fnmatch) take what exists
 CURVE_KEYS = (
     "throughput/env_steps_per_s",

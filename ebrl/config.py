@@ -1196,6 +1196,9 @@ class EvalConfig:
     #: and wall-clock of that update); 0: no curve
     every_iters: int = 0
     curve_episodes: int = 24
+    #: auto: the simulator's fixed initial states where it has them (LIBERO), whatever the run
+    #: trained from; fixed: those (an error where there are none); train: the run's own
+    init_states: str = "auto"
 
 
 @dataclass

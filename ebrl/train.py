@@ -551,17 +551,20 @@ def _evaluate_final(
         num_envs=run.eval.num_envs,
         deterministic=run.eval.deterministic,
         threads=run.threads.train,
+        init_states=run.eval.init_states,
     )
     summary.eval_success_rate = res.success_rate
     summary.eval_episodes = res.episodes
     summary.eval_policy_version = res.policy_version
     log.info(
-        "eval: %d/%d episodes succeeded (%s policy, version %d, %.1f s)",
+        "eval: %d/%d episodes succeeded (%s policy, version %d, %s, %.1f s)%s",
         res.successes,
         res.episodes,
         "deterministic" if res.deterministic else "stochastic",
         res.policy_version,
+        "fixed initial states" if res.fixed_states else "the run's initial states",
         res.seconds,
+        f"; per task {dict(res.per_task)}" if res.per_task else "",
     )
     tracker.log_metrics(
         {
@@ -600,6 +603,7 @@ def _evaluate_curve(
             num_envs=run.eval.num_envs,
             deterministic=run.eval.deterministic,
             threads=run.threads.train,
+            init_states=run.eval.init_states,
         )
         steps, wall = int(row["env/steps_total"]), float(row["time/wall_s"])
         out.append({"version": v, "env_steps": steps, "wall_s": wall, "success": res.success_rate})
@@ -777,6 +781,8 @@ def _write_outputs(
             final["summary/success_rate"] = summary.success_rate
         if summary.eval_success_rate is not None:
             final["summary/eval_success_rate"] = summary.eval_success_rate
+            # the Wilson interval of the rate counts them (analysis.tables.TRIALS)
+            final["summary/eval_episodes"] = summary.eval_episodes
         tracker.log_metrics(final, step=summary.env_steps)
         # the run's own files, and the resource manager's (its shape search, profile, split and
         # reallocations)

@@ -57,6 +57,7 @@ def test_collect_clone_eval_end_to_end_on_one_task(tmp_path):
         assert done.returncode == 0, done.stderr[-3000:]
     demos = json.loads((tmp_path / "demos.json").read_text())
     assert demos["init_states"] == "sampled" and demos["tasks"]["6"]["seeds"] == [601000]
+    assert demos["simulator"]["init_states"] == "sampled"  # what the episodes ran under
     assert demos["kept_episodes"] == demos["successes"] >= 1
     ckpt = torch.load(tmp_path / "policy.pt", weights_only=True)
     assert ckpt["version"] == 0 and ckpt["meta"]["chunk_size"] == 8

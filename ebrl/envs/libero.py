@@ -96,6 +96,9 @@ STATE_TEXT = {
 #: the Franka's operational-space controller: end-effector delta pose 6, gripper 1
 ACTION_DIM = 7
 INIT_STATES = ("suite", "sampled")
+#: fixed initial states per task in every suite (``get_task_init_states``; LIBERO's standard
+#: evaluation plays all 50 of each task)
+FIXED_STATES = 50
 RENDER_BACKENDS = ("egl", "osmesa")
 #: values per movable object in LIBERO's ``object-state``: pos 3, quat 4, pos and quat to the eef
 OBJECT_STATE_DIM = 14

@@ -153,6 +153,8 @@ class RayBackend:
     #: GCS; a preempted job has better uses for its grace period (the watchdog ends what is
     #: left when the driver exits)
     shutdown_timeout_s = 3.0
+    #: tries at starting a local Ray node (address ``local``) that timed out starting
+    local_start_attempts = 3
 
     def __init__(
         self, address: str = "local", num_cpus: int | None = None, num_gpus: int | None = None
@@ -172,17 +174,33 @@ class RayBackend:
             # a local instance is this driver's to clean up, even if the driver is SIGKILLed
             self._watchdog = Watchdog() if address == "local" else None
             try:
-                with keep_handlers():  # Ray's SIGTERM handler would end a preempted run FAILED
-                    ray.init(
-                        address=address,
-                        include_dashboard=False,
-                        # joining a cluster: its nodes say what they have
-                        num_cpus=(num_cpus or os.cpu_count()) if address == "local" else None,
-                        num_gpus=num_gpus if address == "local" else None,
-                        log_to_driver=True,
-                        logging_level=logging.WARNING,
-                        runtime_env=env,
-                    )
+                for attempt in range(1, self.local_start_attempts + 1):
+                    try:
+                        with keep_handlers():  # Ray's SIGTERM handler would end a run FAILED
+                            ray.init(
+                                address=address,
+                                include_dashboard=False,
+                                # joining a cluster: its nodes say what they have
+                                num_cpus=(num_cpus or os.cpu_count())
+                                if address == "local"
+                                else None,
+                                num_gpus=num_gpus if address == "local" else None,
+                                log_to_driver=True,
+                                logging_level=logging.WARNING,
+                                runtime_env=env,
+                            )
+                        break
+                    except Exception as e:
+                        # Ray waits a fixed 30 s for a new local node's raylet; on a loaded
+                        # machine that can pass: start it afresh (a joined cluster's own error
+                        # is the user's to see)
+                        slow = "timed out during startup" in str(e)
+                        if address != "local" or not slow or attempt == self.local_start_attempts:
+                            raise
+                        log.warning(
+                            "Ray's local node did not start (%s); attempt %d", e, attempt + 1
+                        )
+                        ray.shutdown()
             except BaseException:
                 if self._watchdog is not None:
                     self._watchdog.stop()

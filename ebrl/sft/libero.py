@@ -280,7 +280,8 @@ def cmd_collect(
         steps=len(actions),
         obs_dim=int(obs.shape[1]),
         action_dim=int(actions.shape[1]),
-        simulator=_simulator(cfg),
+        # the settings the episodes ran under (the run's, from sampled layouts)
+        simulator={**_simulator(cfg), "init_states": "sampled"},
         expert=asdict(ExpertParams()),
         commit=git_state(),
         seconds=time.perf_counter() - t0,
