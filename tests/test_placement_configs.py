@@ -119,3 +119,76 @@ def test_the_run_places_by_the_same_asks(monkeypatch):
     assert options["learner"]["runtime_env"]["env_vars"]["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == (
         "50"
     )
+
+
+# --- the planned GPU, in the role's process -------------------------------------------------------
+def test_each_gpu_role_is_told_its_planned_gpus_and_ray_to_leave_them():
+    """Ray hands fractional shares out in the order actors are created, not as planned: every
+    GPU role's options name its planned slots and switch Ray's own assignment off."""
+    from ebrl.runtime.placement import NOSET_CUDA, SLOTS_VAR, ray_options
+
+    _, ps = placed(job("+axis/scale=g8", "scheduler=ebrl"))
+    for p in ps:
+        env = ray_options(p).get("runtime_env", {}).get("env_vars", {})
+        if p.ask.gpus:
+            assert env[SLOTS_VAR] == ",".join(map(str, p.gpu_slots)) and env[NOSET_CUDA] == "1"
+        else:
+            assert SLOTS_VAR not in env and NOSET_CUDA not in env
+
+
+@pytest.mark.parametrize(
+    ("node", "slots", "want"),
+    [("3,5", "1", "5"), (None, "1", "1"), ("0,1,2,3", "2,3", "2,3"), ("GPU-a,GPU-b", "0", "GPU-a")],
+)
+def test_a_slot_is_the_nodes_own_device_of_that_index(node, slots, want):
+    from ebrl.runtime.placement import SLOTS_VAR, pin_planned_gpus
+
+    env = {SLOTS_VAR: slots} | ({"CUDA_VISIBLE_DEVICES": node} if node else {})
+    assert pin_planned_gpus(env) == want == env["CUDA_VISIBLE_DEVICES"]
+    assert pin_planned_gpus({}) is None  # no plan: Ray's or the user's devices stay
+
+
+def test_a_slot_past_the_nodes_devices_is_refused_naming_them():
+    from ebrl.runtime.placement import SLOTS_VAR, pin_planned_gpus
+
+    with pytest.raises(RuntimeError, match=r"slot 2.*CUDA_VISIBLE_DEVICES=3,5"):
+        pin_planned_gpus({SLOTS_VAR: "2", "CUDA_VISIBLE_DEVICES": "3,5"})
+
+
+class _Probe:
+    """A GPU role's first act, as EBRL's workers do it: take the planned GPUs."""
+
+    def __init__(self) -> None:
+        from ebrl.runtime.placement import pin_planned_gpus
+
+        pin_planned_gpus()
+
+    def devices(self) -> str:
+        import os
+
+        return os.environ.get("CUDA_VISIBLE_DEVICES", "")
+
+
+@pytest.mark.slow
+def test_on_ray_each_gpu_holds_one_replica_and_one_rank_as_planned():
+    """g2 on a one-node Ray with 2 GPUs declared, the actors created as the run creates them
+    (every replica before any rank): without the pin Ray put both replicas on GPU 0 and both
+    ranks on GPU 1."""
+    import ray
+
+    from ebrl.runtime.placement import cluster_nodes, ray_options
+
+    j = job("+axis/scale=g2", "scheduler=ebrl")
+    ray.init(address="local", num_cpus=2, num_gpus=2, include_dashboard=False)
+    try:
+        ps = place(role_asks(j["scheduler"], {}), cluster_nodes())
+        gpu_roles = sorted((p for p in ps if p.ask.gpus), key=lambda p: p.role != "gen")
+        actors = [(p, ray.remote(_Probe).options(**ray_options(p)).remote()) for p in gpu_roles]
+        seen: dict[str, Counter] = {}
+        for p, a in actors:
+            dev = ray.get(a.devices.remote(), timeout=120)
+            assert dev == ",".join(map(str, p.gpu_slots)), (p.ask.name, dev)
+            seen.setdefault(dev, Counter())[p.role] += 1
+        assert seen == {"0": PER_GPU, "1": PER_GPU}
+    finally:
+        ray.shutdown()

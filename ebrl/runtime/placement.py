@@ -570,6 +570,46 @@ def _refusal(
 
 
 # --- Ray --------------------------------------------------------------------------------------
+#: Ray's switch that leaves ``CUDA_VISIBLE_DEVICES`` of an actor's process to the process
+NOSET_CUDA = "RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES"
+#: the node-local GPU slots a GPU role was planned on (:func:`ray_options`)
+SLOTS_VAR = "EBRL_GPU_SLOTS"
+
+
+def pin_planned_gpus(environ: Any = None) -> str | None:
+    """In a GPU role's process, before CUDA starts: make its planned GPU slots (``EBRL_GPU_SLOTS``,
+    set by :func:`ray_options`) its ``CUDA_VISIBLE_DEVICES``. Slot ``i`` is the ``i``-th device
+    the node was started with (the ``CUDA_VISIBLE_DEVICES`` the process inherits from its Ray
+    node, e.g. a Slurm job's GPUs), or device ``i`` where the node names none.
+
+    Returns:
+        the devices it set; None where no slots were planned (a worker without a GPU, a run
+        without Ray).
+
+    Raises:
+        RuntimeError: a planned slot the node has no device for.
+    """
+    import os
+
+    env = os.environ if environ is None else environ
+    slots = env.get(SLOTS_VAR)
+    if not slots:
+        return None
+    node = [d.strip() for d in (env.get("CUDA_VISIBLE_DEVICES") or "").split(",") if d.strip()]
+    chosen = []
+    for s in slots.split(","):
+        i = int(s)
+        if node and i >= len(node):
+            raise RuntimeError(
+                f"this worker was planned on GPU slot {i}, but its Ray node was started with "
+                f"CUDA_VISIBLE_DEVICES={','.join(node)} ({len(node)} GPU(s)): start the node "
+                "with --num-gpus matching the devices it sees"
+            )
+        chosen.append(node[i] if node else str(i))
+    env["CUDA_VISIBLE_DEVICES"] = ",".join(chosen)
+    return env["CUDA_VISIBLE_DEVICES"]
+
+
 def ray_options(
     p: Placement,
     *,
@@ -581,8 +621,11 @@ def ray_options(
     (``spawn(..., options=ray_options(p))``).
 
     * ``scheduling_strategy``: a hard affinity to the placement's node.
-    * ``num_gpus``: the ask (Ray packs fractional shares on one GPU and sets
-      ``CUDA_VISIBLE_DEVICES``); ``num_cpus``: the placement's (0 by default).
+    * ``num_gpus``: the ask (Ray counts the share); ``num_cpus``: the placement's (0 by
+      default).
+    * for a GPU role: its planned slots (``EBRL_GPU_SLOTS``) and Ray told not to set
+      ``CUDA_VISIBLE_DEVICES``: the process takes its planned GPUs (:func:`pin_planned_gpus`),
+      since Ray would pack shares in the order actors are created.
     * ``resources``: the ask's custom resources.
     * ``runtime_env.env_vars``: the MPS SM quota ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE``
       (``sm_pct``, else the share in percent for a share below one GPU; it takes effect
@@ -608,6 +651,12 @@ def ray_options(
     if a.resources:
         opts["resources"] = dict(a.resources)
     env: dict[str, str] = {}
+    if a.gpus > 0 and p.gpu_slots:
+        # Ray hands out fractional shares in the order actors are created (two replicas made
+        # before the ranks share GPU 0), not as planned: the role's process takes its planned
+        # GPUs itself (pin_planned_gpus) and Ray leaves CUDA_VISIBLE_DEVICES alone
+        env[SLOTS_VAR] = ",".join(str(s) for s in p.gpu_slots)
+        env[NOSET_CUDA] = "1"
     quota = sm_pct if sm_pct is not None and a.gpus > 0 else a.mps_percent
     if mps and quota is not None:
         env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(quota)

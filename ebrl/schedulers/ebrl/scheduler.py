@@ -55,6 +55,7 @@ from ebrl.runtime.backend import InProcessBackend, RayBackend, WorkerDied
 from ebrl.runtime.channel import Inbox, Outbox, new_authkey, node_ip
 from ebrl.runtime.dist import STRATEGIES
 from ebrl.runtime.placement import (
+    NOSET_CUDA,
     Ask,
     Placement,
     cluster_nodes,
@@ -97,10 +98,6 @@ from ebrl.schedulers.ebrl.wiring import (
 from ebrl.schedulers.ebrl.workers import EnvWorker, GenWorker, LearnerWorker, Plan
 
 log = logging.getLogger(__name__)
-
-#: Ray sets CUDA_VISIBLE_DEVICES to a GPU actor's GPU index unless this is set in its process:
-#: a MIG instance is named by its uuid instead
-NOSET_CUDA = "RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES"
 
 
 def with_resources(plan: Plan, roles: Roles, manager: RunTimeManager | None) -> Plan:
@@ -229,6 +226,8 @@ class EBRLScheduler:
         self.quotas: dict[str, int | None] = {}
         #: how the last run's quotas were chosen (logged to MLflow with its first report)
         self.split: sharing.SplitDecision | None = None
+        #: node id -> its GPUs in MIG mode where no MPS daemon serves it (:meth:`start_mps`)
+        self._mig_nodes: dict[str, Any] = {}
         #: Algorithm 1 re-splitting the SMs while the run goes (an Algorithm 1 split under MPS)
         self.resplitter: sharing.SMResplitter | None = None
         self._unlogged_resplits: dict[str, str] = {}
@@ -766,7 +765,7 @@ class EBRLScheduler:
         gpu_roles = any(p.ask.gpus > 0 for p in self.placed)
         self.sharing = sharing.Sharing.whole if gpu_roles else None
         self._unlogged_sharing = self.sharing
-        self._mig_nodes: dict[str, Any] = {}  # node id -> its GPUs in MIG mode, no daemon
+        self._mig_nodes = {}
         if not nodes:
             return {}
         self.mps = ClusterMPS(self.mps_control)
