@@ -426,7 +426,7 @@ class EBRLScheduler:
         book: dict[str, Any] = {DRIVER: inbox.address}  # worker name -> inbox address
         res = self.resources or {}
         manager: RunTimeManager | None = None
-        to_stages: manage.Links | None = None  # the manager's links to gen and learner
+        to_stages: manage.ManagerLinks | None = None  # the manager's links to gen and learner
         try:
             self.set_quotas(ctx.factory.cfg)
             options = self.placement(roles, backend, ctx.run_dir)
@@ -503,7 +503,7 @@ class EBRLScheduler:
             for h in handles:
                 h.start(links[h.name], plan)
             if manager is not None and manager.elastic is not None:
-                to_stages = manage.Links(book, authkey)
+                to_stages = manage.ManagerLinks(book, authkey)
             restarts = _Restarts(
                 backend, factory, roles, authkey, host, res, options, book, plan,
                 self.max_restarts, board, dist, self._device("gen"), manager, to_stages,
@@ -918,7 +918,7 @@ class _Restarts:
         dist: tuple[str, int] | None,
         gen_device: str,
         manager: RunTimeManager | None,
-        to_stages: manage.Links | None = None,
+        to_stages: manage.ManagerLinks | None = None,
     ) -> None:
         self.backend, self.factory, self.roles = backend, factory, roles
         self.authkey, self.host, self.resources = authkey, host, resources
