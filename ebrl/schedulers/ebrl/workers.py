@@ -430,7 +430,7 @@ class GenWorker(_Worker):
 
     name = "gen"
     handlers: ClassVar[dict[type, str]] = {
-        Ready: "_ready",  # observations to act on (env workers)
+        Ready: "_on_ready",  # observations to act on (env workers)
         Hello: "_hello",  # an env worker (or its replacement) starts
         Resync: "_resync",  # where a rewired env worker's envs stand
         Weights: "_load",  # a new version (learner)
@@ -550,7 +550,8 @@ class GenWorker(_Worker):
             self._replaced(m)
         self.pids[m.worker] = m.pid
 
-    def _ready(self, m: Ready) -> None:
+    def _on_ready(self, m: Ready) -> None:
+        """Envs whose observation waits for an action (a chunk done, or handed over)."""
         now = time.perf_counter()
         for i, e in enumerate(m.env_ids.tolist()):
             self.ready[e] = now
