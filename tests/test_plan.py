@@ -587,17 +587,17 @@ def test_a_profile_from_a_runs_folder(tmp_path):
 
 
 def test_a_profile_from_a_runs_timeline(tmp_path):
-    from ebrl.timeline import ModelSpan, Timeline
+    from ebrl.timeline import Span, Timeline
 
     run = tmp_path / "run"
     run.mkdir()
     tl = Timeline()
     t = 0.0
     for _ in range(24):  # a sync run: stages in turn, wall time is each stage alone
-        tl.add(ModelSpan("gen", "gen", t, t + 0.03, (("batch", 4), ("cpu", 0.03))))
-        tl.add(ModelSpan("sim", "sim0", t + 0.03, t + 0.07, (("batch", 4), ("cpu", 0.04))))
+        tl.add(Span("gen", "gen", t, t + 0.03, (("batch", 4), ("cpu", 0.03))))
+        tl.add(Span("sim", "sim0", t + 0.03, t + 0.07, (("batch", 4), ("cpu", 0.04))))
         t += 0.07
-    tl.add(ModelSpan("train", "learner", t, t + 0.5, (("steps", 48), ("cpu", 0.9))))
+    tl.add(Span("train", "learner", t, t + 0.5, (("steps", 48), ("cpu", 0.9))))
     tl.t0 = 0.0
     tl.write_chrome_trace(run / "timeline.json")
     (run / "summary.json").write_text(
