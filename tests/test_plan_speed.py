@@ -152,7 +152,7 @@ def test_the_machine_ends_jobs_when_the_reference_does(seed):
         for _ in range(60)
     ]
     for side, m in machines.items():
-        job_cls = StageCall if side == "new" else ref.StageCall
+        job_cls = StageCall if side == "new" else ref.Job
         todo = list(plan)
 
         def start(i: int, m=m, job_cls=job_cls, todo=todo, side=side) -> None:
