@@ -66,7 +66,7 @@ class StepLedger:
 
 def attempt_dir(run_dir: Path, start_version: int) -> Path:
     """The folder of a new attempt of the run in ``run_dir``, with its starting learner version
-    recorded (a fresh run removes the folder first: ``ebrl.train._resume``)."""
+    recorded (a fresh run removes the folder first: ``ebrl.run.resume.resume``)."""
     root = run_dir / LEDGER
     root.mkdir(parents=True, exist_ok=True)
     n = len([p for p in root.iterdir() if _ATTEMPT.match(p.name)])

@@ -7,17 +7,13 @@ update), ``timeline.json`` (Chrome trace) and ``summary.json``; the same go to M
 
 from __future__ import annotations
 
-import csv
 import dataclasses
-import hashlib
-import json
 import logging
-import math
 import os
 import shutil
 import sys
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -30,21 +26,15 @@ from omegaconf import DictConfig, OmegaConf
 from ebrl import ledger
 from ebrl.choices import class_name, run_choices
 from ebrl.config import ConfigError, ResourcesNode, RunConfig, class_of, register, validate
-from ebrl.evaluate import evaluate
+from ebrl.run.evaluation import evaluate_curve, evaluate_final
+from ebrl.run.metrics import MetricsFile, RunMeter, budget_spent
+from ebrl.run.report import Summary, account, open_tracker, write_outputs
+from ebrl.run.resume import config_hash, resume
 from ebrl.schedulers.base import RunContext, UpdateBudget
 from ebrl.signals import Preempted, StopSignals
 from ebrl.stages.factory import StageFactory
-from ebrl.stages.train import load_checkpoint, snapshots
 from ebrl.timeline import Timeline
-from ebrl.tracking import (
-    MLflowTracker,
-    NullTracker,
-    Tracker,
-    git_commit,
-    machine,
-    portable,
-    system_metrics_wanted,
-)
+from ebrl.tracking import git_commit, machine, portable
 from ebrl.utilisation import UtilisationSampler
 
 log = logging.getLogger("ebrl")
@@ -54,236 +44,7 @@ run_log = logging.getLogger("ebrl.run")
 CONF_DIR = str(Path(__file__).resolve().parents[1] / "conf")
 
 
-# --- results ----------------------------------------------------------------------------------
-@dataclass
-class Summary:
-    """What a run reports; written to ``summary.json`` and logged as MLflow metrics/tags."""
-
-    seed: int
-    commit: str
-    machine: str
-    #: the config options the run was composed from, as users type them (``scheduler=ebrl``,
-    #: ``policy=transformer_l``, ``simulator=pushcube``; :func:`ebrl.choices.run_choices`)
-    scheduler: str
-    policy: str
-    simulator: str
-    algo: str
-    #: the GPU option (``gpu=h100``; ``cpu`` without one)
-    gpu: str = ""
-    #: the classes behind those options (``EBRLScheduler``, ``TransformerPolicy``) and the
-    #: simulator's task (``PushCube-v1``), as runs before the options were recorded named them
-    scheduler_class: str = ""
-    policy_class: str = ""
-    simulator_task: str = ""
-    #: which code ran the schedule: "ebrl" (our engine, replicas included) or "rlinf"
-    implementation: str = "ebrl"
-    iterations: int = 0
-    env_steps: int = 0
-    wall_s: float = 0.0
-    #: env steps consumed by training per second, after the warm-up iterations
-    throughput_e2e: float = 0.0
-    #: env steps per second over the whole run
-    throughput_overall: float = 0.0
-    #: training success rate over the last iterations' episodes
-    success_rate: float = float("nan")
-    #: evaluation of the final weights (ebrl.evaluate; eval.episodes > 0): success rate over
-    #: that many episodes, and the learner version evaluated
-    eval_success_rate: float | None = None
-    eval_episodes: int = 0
-    eval_policy_version: int | None = None
-    #: learning curve of evaluated snapshots (eval.every_iters > 0): the first wall-clock second
-    #: / env step whose snapshot reached 0.8 evaluation success (None: never)
-    eval_time_to_80: float | None = None
-    eval_steps_to_80: int | None = None
-    #: first wall-clock second / env step at which the success rate reached 0.8 (None: never)
-    time_to_80: float | None = None
-    steps_to_80: int | None = None
-    #: seconds each stage was busy (wall) and the CPU seconds its process used meanwhile
-    stage_busy_s: dict[str, float] = field(default_factory=dict)
-    stage_cpu_s: dict[str, float] = field(default_factory=dict)
-    #: steady state: fraction of wall time in which no stage (sim, gen, train, sync) ran
-    overhead_frac: float = 0.0
-    #: the step ledger (``ebrl.ledger``), every attempt so far: env steps collected, and those
-    #: never trained on (rollouts in flight at a stop, dead env workers' redone parts);
-    #: ``env_steps`` = collected - discarded
-    collected_env_steps: int = 0
-    discarded_env_steps: int = 0
-    status: str = "FINISHED"
-    #: where the run wrote its files
-    run_dir: str = ""
-
-
-def _name(node: DictConfig) -> str:
-    """A component's display name: its ``name`` field if it has one, else its class name."""
-    return str(node.get("name") or str(node._target_).rsplit(".", 1)[-1])
-
-
-def _flat(d: dict, prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for k, v in d.items():
-        key = f"{prefix}{k}"
-        if isinstance(v, dict):
-            out.update(_flat(v, key + "."))
-        else:
-            out[key] = v
-    return out
-
-
-def _sweep_choice() -> str:
-    """The ``+sweep=<name>`` Hydra recorded for this job ("" outside a sweep)."""
-    try:
-        from hydra.core.hydra_config import HydraConfig
-
-        return str(HydraConfig.get().runtime.choices.get("sweep") or "")
-    except ValueError:  # not under Hydra
-        return ""
-
-
-def _run_dir(run: RunConfig) -> Path:
-    if run.run_dir:
-        d = Path(run.run_dir)
-    else:
-        try:
-            from hydra.core.hydra_config import HydraConfig
-
-            d = Path(HydraConfig.get().runtime.output_dir)
-        except ValueError:  # called without Hydra (tests, notebooks)
-            d = Path("outputs/runs") / time.strftime("%Y-%m-%d/%H-%M-%S")
-    d.mkdir(parents=True, exist_ok=True)
-    return d.resolve()
-
-
-def _tracker(
-    run: RunConfig,
-    summary: Summary,
-    cfg: DictConfig,
-    resume_id: str | None = None,
-    spool: Path | None = None,
-) -> Tracker:
-    """The run's MLflow run (a resumed attempt's: the same one). Metrics go through ``spool``
-    first (``<run_dir>/mlflow_spool.jsonl``), so a tracking server that goes away mid-run costs
-    no metric and does not stop training; see :class:`ebrl.tracking.MLflowTracker`."""
-    if not run.tracking.enabled:
-        return NullTracker()
-    tags = {
-        "scheduler": summary.scheduler,
-        "scheduler_class": summary.scheduler_class,
-        "policy": summary.policy,
-        "policy_class": summary.policy_class,
-        "simulator": summary.simulator,
-        "simulator_task": summary.simulator_task,
-        "gpu": summary.gpu,
-        "algo": summary.algo,
-        "variant": str(cfg.get("variant", "") or ""),
-        "sweep": _sweep_choice(),
-        "seed": str(run.seed),
-        "git_commit": summary.commit,
-        "machine": summary.machine,
-        "implementation": summary.implementation,
-    }
-    if run.tracking.parent_run_id:  # a sweep's job: a child of the sweep's run (ebrl.launch)
-        tags["mlflow.parentRunId"] = run.tracking.parent_run_id
-    name = run.tracking.run_name or (
-        f"{summary.scheduler}-{summary.policy}-{summary.simulator}-s{run.seed}"
-    )
-    tr = MLflowTracker(
-        uri=run.tracking.uri,
-        store=run.tracking.store,
-        experiment=run.tracking.experiment,
-        run_name=name,
-        tags=tags,
-        resume_id=resume_id,
-        spool=spool,
-        system_metrics=system_metrics_wanted(run.tracking.system_metrics),
-        system_metrics_interval_s=run.tracking.system_metrics_interval_s,
-    )
-    if resume_id is None:  # params are immutable in MLflow: logged once, by the first attempt
-        tr.log_params(_flat(OmegaConf.to_container(cfg, resolve=True)))  # type: ignore[arg-type]
-    return tr
-
-
-# --- the loop ---------------------------------------------------------------------------------
-@dataclass
-class Progress:
-    """What the driver needs to continue a run: written after every logged update."""
-
-    mlflow_run_id: str | None = None
-    #: fingerprint of the config that made this progress (a run folder resumes only its own run)
-    config_hash: str = ""
-    iterations: int = 0
-    env_steps: int = 0
-    wall_s: float = 0.0
-    time_to_80: float | None = None
-    steps_to_80: int | None = None
-    success_hist: list[float] = field(default_factory=list)
-
-    @classmethod
-    def load(cls, path: Path) -> Progress | None:
-        return cls(**json.loads(path.read_text())) if path.exists() else None
-
-    def save(self, path: Path) -> None:
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(asdict(self)))
-        os.replace(tmp, path)
-
-    def spent(self) -> tuple[int, float, int]:
-        """(env steps, seconds, updates) so far, as :func:`_budget_spent` takes them."""
-        return self.env_steps, self.wall_s, self.iterations
-
-
-def _resume(run: RunConfig, run_dir: Path, fingerprint: str) -> tuple[Progress, int, int]:
-    """Where this attempt starts: (progress, the learner's version, updates never logged).
-
-    The learner's checkpoint is the truth: it holds the weights, the version (one per update)
-    and the env steps trained on. ``progress.json`` (written by the driver after logging each
-    update) adds what only the driver knows (the MLflow run, wall-clock, success history). The
-    two differ when the driver stopped between the learner's save and its own log of an update
-    (a signal, a dead driver): that update's env steps count, its metrics were never logged
-    (returned as the third value, logged as ``fault/unlogged_updates``). A fresh run (no
-    progress, no checkpoint, or ``checkpoint.resume=false``) starts from nothing and removes
-    what an earlier run left in the folder.
-    """
-    ckpt_path, prog_path = run_dir / "checkpoint.pt", run_dir / "progress.json"
-    prog = Progress.load(prog_path) if run.checkpoint.resume else None
-    if prog is not None and prog.config_hash != fingerprint:
-        raise ConfigError(
-            f"run folder {run_dir} holds progress of a run with a different config; "
-            "resuming it would mix two runs: choose another run_dir, delete that folder, or "
-            "set checkpoint.resume=false to start over in it"
-        )
-    ckpt = load_checkpoint(ckpt_path) if prog is not None else None
-    if prog is None or ckpt is None:
-        for p in (ckpt_path, prog_path, run_dir / "metrics.jsonl"):
-            p.unlink(missing_ok=True)
-        shutil.rmtree(run_dir / ledger.LEDGER, ignore_errors=True)
-        return Progress(config_hash=fingerprint), 0, 0
-    version = int(ckpt["version"])
-    unlogged = 0
-    if "trained_env_steps" in ckpt:  # checkpoints from before it: the progress file counts
-        unlogged = version - prog.iterations
-        if unlogged < 0:
-            log.warning(
-                "the checkpoint (update %d) is %d update(s) behind the last logged one "
-                "(checkpoint.every_iters=%d): those updates are trained again, and MLflow "
-                "holds their first metrics at the env steps they were logged at",
-                version,
-                -unlogged,
-                run.checkpoint.every_iters,
-            )
-            unlogged = 0
-        elif unlogged > 0:
-            log.warning(
-                "%d update(s) were trained and checkpointed but never logged (the driver "
-                "stopped first): their env steps count, their metrics are lost",
-                unlogged,
-            )
-        prog.iterations, prog.env_steps = version, int(ckpt["trained_env_steps"])
-    log.info(
-        "resuming from %s at update %d (%d env steps)", run_dir, prog.iterations, prog.env_steps
-    )
-    return prog, version, unlogged
-
-
+# --- the run ----------------------------------------------------------------------------------
 def train(cfg: DictConfig) -> Summary:
     """Run one training job described by a composed config; returns its summary.
 
@@ -291,32 +52,16 @@ def train(cfg: DictConfig) -> Summary:
     earlier, interrupted attempt (``checkpoint.resume``): the learner and generator start from the
     saved weights, and metrics continue in the same MLflow run, from the saved step on.
     """
+    # the run: its config, its folder, its summary
     run = validate(cfg)
     if run.init_checkpoint:  # every worker loads it, wherever it runs: an absolute path
         cfg.init_checkpoint = str(Path(run.init_checkpoint).resolve())
     _refuse_unwired_resources(run)
     run_dir = _run_dir(run)
     (run_dir / "config.yaml").write_text(portable(OmegaConf.to_yaml(cfg, resolve=True)))
-    chosen = run_choices(cfg)
-    summary = Summary(
-        seed=run.seed,
-        commit=git_commit(),
-        machine=machine(),
-        scheduler=chosen["scheduler"],
-        policy=chosen["policy"],
-        simulator=chosen["simulator"],
-        algo=_name(cfg.algo),
-        gpu=chosen["gpu"],
-        scheduler_class=class_name(cfg.scheduler),
-        policy_class=class_name(cfg.policy),
-        simulator_task=str(cfg.simulator.get("task") or ""),
-        run_dir=portable(str(run_dir)),
-    )
-    ckpt_path, prog_path, jsonl = (
-        run_dir / "checkpoint.pt",
-        run_dir / "progress.json",
-        run_dir / "metrics.jsonl",
-    )
+    summary = _summary(cfg, run, run_dir)
+    ckpt_path, prog_path = run_dir / "checkpoint.pt", run_dir / "progress.json"
+    snap_dir, metrics_file = run_dir / "snapshots", MetricsFile(run_dir / "metrics.jsonl")
     _to_log_file(run_log)
     run_log.info(
         "run folder %s: %s on %s, policy %s, budget %d env steps",
@@ -326,113 +71,51 @@ def train(cfg: DictConfig) -> Summary:
         summary.policy,
         run.budget.env_steps,
     )
-    prog, start_version, unlogged = _resume(run, run_dir, config_hash(cfg))
+
+    # where this attempt starts
+    prog, start_version, unlogged = resume(run, run_dir, config_hash(cfg))
     np.random.seed(run.seed + prog.iterations)
     torch.manual_seed(run.seed + prog.iterations)
+
+    # the stages, the scheduler that drives them, the MLflow run
     timeline = Timeline()
-    factory = replace(StageFactory.from_config(cfg), start_version=start_version)
-    if run.checkpoint.every_iters > 0:
-        factory = replace(
-            factory, checkpoint=str(ckpt_path), checkpoint_every=run.checkpoint.every_iters
-        )
-    snap_dir = run_dir / "snapshots"
-    if run.eval.every_iters > 0:
-        factory = replace(factory, snapshots=str(snap_dir), snapshot_every=run.eval.every_iters)
-    ctx = RunContext(
-        factory=factory,
-        decisions_per_env=run.decisions_per_env,
-        env_groups=run.env_groups,
-        timeline=timeline,
-        budget=UpdateBudget(updates=run.budget.iterations, env_steps=run.budget.env_steps),
-        run_dir=run_dir,
-        manage_resources=manages_resources(run.scheduler),
-        ledger=ledger.attempt_dir(run_dir, start_version),
-    )
-    # the scheduler first: one that refuses its settings (in its constructor, or in check(ctx)
-    # against the run: a baseline's fixed split, its loss) leaves no MLflow run behind
-    scheduler = instantiate(cfg.scheduler)
-    if callable(check := getattr(scheduler, "check", None)):
-        try:
-            check(ctx)
-        except ValueError as e:
-            raise ConfigError(str(e)) from e
+    ctx = _context(cfg, run, run_dir, start_version, timeline)
+    scheduler = _scheduler(cfg, ctx)
     if prog.iterations == 0 and snap_dir.exists():  # a fresh start: no earlier run's weights
         shutil.rmtree(snap_dir)
     summary.implementation = getattr(scheduler, "implementation", "ebrl")
-    tracker = _tracker(
-        run, summary, cfg, resume_id=prog.mlflow_run_id, spool=run_dir / "mlflow_spool.jsonl"
-    )
+    spool = run_dir / "mlflow_spool.jsonl"
+    tracker = open_tracker(run, summary, cfg, resume_id=prog.mlflow_run_id, spool=spool)
     prog.mlflow_run_id = tracker.run_id
     if unlogged:
         tracker.log_metrics({"fault/unlogged_updates": float(unlogged)}, step=prog.env_steps)
-    summary.iterations, summary.env_steps = prog.iterations, prog.env_steps
-    summary.time_to_80, summary.steps_to_80 = prog.time_to_80, prog.steps_to_80
-    success_hist = prog.success_hist
+
+    # the loop: one report per update, logged, saved and shown as it arrives
+    meter = RunMeter(summary, prog, run.warmup_iters, timeline)
     bar = _progress(run, prog.env_steps)
-    wall0 = prog.wall_s  # wall-clock of earlier attempts: the curves continue, not restart
-    t_start = time.perf_counter()
-    t_steady, steps_steady = t_start, summary.env_steps
-    t_last = t_start  # when the last report arrived: shutdown time is not throughput time
-    gen = scheduler.run(ctx)
+    reports = scheduler.run(ctx)
     sampler = _sampler(run, run_dir, timeline)
     stop = StopSignals()
     with stop:
         try:
             # a requeued job whose budget was already spent (a late USR2, a second requeue)
             # starts no workers: it only finishes
-            for rep in () if _budget_spent(run, *prog.spent()) else gen:
-                # when the update arrived, not when the scheduler was done with its report
-                t_last = max(t_last, time.perf_counter() if rep.at is None else rep.at)
-                now = wall0 + t_last - t_start
-                it = summary.iterations
-                summary.iterations += 1
-                summary.env_steps += rep.env_steps
-                if summary.iterations == prog.iterations + run.warmup_iters:
-                    t_steady, steps_steady = t_last, summary.env_steps
-                m = dict(rep.metrics)
+            for rep in () if budget_spent(run, *prog.spent()) else reports:
+                metrics = meter.update(rep)
+                it = summary.iterations - 1  # this update's index in the run
                 if rep.params and prog.iterations == 0:  # params are immutable: first attempt
                     tracker.log_params({k: str(v) for k, v in rep.params.items()})
-                m["time/wall_s"] = now
-                m["env/steps_total"] = summary.env_steps
-                m["throughput/env_steps_per_s"] = (summary.env_steps - prog.env_steps) / max(
-                    t_last - t_start, 1e-9
-                )
-                for stage, busy in timeline.busy.items():
-                    m[f"time/{stage}/busy_s"] = busy
-                    # utilisation of the stage's lanes since the start; 1 - this is its bubbles
-                    lanes = len(timeline.tracks.get(stage, ())) or 1
-                    m[f"pipeline/{stage}_busy_frac"] = busy / max(lanes * (t_last - t_start), 1e-9)
-                for stage, cpu in timeline.cpu.items():
-                    m[f"time/{stage}/cpu_s"] = cpu
-                if "env/success_rate" in m:
-                    success_hist.append(m["env/success_rate"])
-                    if summary.time_to_80 is None and m["env/success_rate"] >= 0.8:
-                        summary.time_to_80, summary.steps_to_80 = now, summary.env_steps
-                tracker.log_metrics(m, step=summary.env_steps)
-                with jsonl.open("a") as f:
-                    f.write(json.dumps({"iteration": it, **m}) + "\n")
-                _save_progress(prog, prog_path, summary, now, success_hist)
-                run_log.info(
-                    "update %d: %d env steps, %.0f env steps/s, success %s, %.1f s",
-                    it,
-                    summary.env_steps,
-                    m["throughput/env_steps_per_s"],
-                    f"{success_hist[-1]:.2f}" if success_hist else "-",
-                    now,
-                )
-                if bar is not None:
-                    bar.update(rep.env_steps)
-                    bar.set_postfix(
-                        sps=f"{m['throughput/env_steps_per_s']:.0f}",
-                        success=f"{success_hist[-1]:.2f}" if success_hist else "-",
-                    )
-                if _budget_spent(run, summary.env_steps, now, summary.iterations):
+                tracker.log_metrics(metrics, step=summary.env_steps)
+                metrics_file.append(it, metrics)
+                meter.progress(prog).save(prog_path)
+                _show_update(bar, it, rep.env_steps, metrics, meter.success)
+                if meter.spent(run):
                     break
-            gen.close()  # stop the stages (and their CPU use) before evaluating
+            reports.close()  # stop the stages (and their CPU use) before evaluating
             if run.eval.every_iters > 0:
-                _evaluate_curve(run, factory, snap_dir, jsonl, summary, tracker)
+                evaluate_curve(run, ctx.factory, snap_dir, metrics_file, summary, tracker)
             if run.eval.episodes > 0:
-                _evaluate_final(run, factory, ckpt_path, summary, tracker)
+                evaluate_final(run, ctx.factory, ckpt_path, summary, tracker)
             stop.disarm()  # done: a signal from here on cannot make it less than FINISHED
         except BaseException as e:
             stop.disarm()  # a second signal must not cut this clean-up short
@@ -449,27 +132,114 @@ def train(cfg: DictConfig) -> Summary:
                 raise signalled from e
             raise
         finally:
-            gen.close()
+            reports.close()
             if bar is not None:
                 bar.close()
-            wall = t_last - t_start
-            summary.wall_s = wall0 + wall
-            summary.throughput_overall = (summary.env_steps - prog.env_steps) / max(wall, 1e-9)
-            steady_s = t_last - t_steady
-            summary.throughput_e2e = (summary.env_steps - steps_steady) / max(steady_s, 1e-9)
-            if t_steady == t_start or steady_s <= 0:  # no update after the warm-up
-                summary.throughput_e2e = summary.throughput_overall
+            meter.finish()
             if sampler is not None:
                 sampler.stop()
-            tail = success_hist[-max(1, math.ceil(len(success_hist) * 0.1)) :]
-            summary.success_rate = float(np.mean(tail)) if tail else float("nan")
-            summary.stage_busy_s = dict(timeline.busy)
-            summary.stage_cpu_s = dict(timeline.cpu)
-            covered = timeline.covered(t_steady, until=t_last)
-            summary.overhead_frac = max(0.0, 1.0 - covered / max(steady_s, 1e-9))
-            _account(run_dir, ckpt_path, start_version, summary, prog, tracker)
-            _write_outputs(run_dir, jsonl, summary, timeline, tracker)
+            account(run_dir, ckpt_path, start_version, summary, prog, tracker)
+            write_outputs(run_dir, metrics_file, summary, timeline, tracker)
     return summary
+
+
+def _summary(cfg: DictConfig, run: RunConfig, run_dir: Path) -> Summary:
+    """The run's summary before its first update: what it runs, where, from which commit."""
+    chosen = run_choices(cfg)
+    return Summary(
+        seed=run.seed,
+        commit=git_commit(),
+        machine=machine(),
+        scheduler=chosen["scheduler"],
+        policy=chosen["policy"],
+        simulator=chosen["simulator"],
+        algo=_name(cfg.algo),
+        gpu=chosen["gpu"],
+        scheduler_class=class_name(cfg.scheduler),
+        policy_class=class_name(cfg.policy),
+        simulator_task=str(cfg.simulator.get("task") or ""),
+        run_dir=portable(str(run_dir)),
+    )
+
+
+def _context(
+    cfg: DictConfig, run: RunConfig, run_dir: Path, start_version: int, timeline: Timeline
+) -> RunContext:
+    """What the scheduler gets: the stage factory (the learner at ``start_version``, saving
+    its checkpoint and snapshots as ``checkpoint.*`` and ``eval.*`` ask), T, G, the timeline,
+    the budget and the run folder."""
+    factory = replace(StageFactory.from_config(cfg), start_version=start_version)
+    if run.checkpoint.every_iters > 0:
+        factory = replace(
+            factory,
+            checkpoint=str(run_dir / "checkpoint.pt"),
+            checkpoint_every=run.checkpoint.every_iters,
+        )
+    if run.eval.every_iters > 0:
+        factory = replace(
+            factory, snapshots=str(run_dir / "snapshots"), snapshot_every=run.eval.every_iters
+        )
+    return RunContext(
+        factory=factory,
+        decisions_per_env=run.decisions_per_env,
+        env_groups=run.env_groups,
+        timeline=timeline,
+        budget=UpdateBudget(updates=run.budget.iterations, env_steps=run.budget.env_steps),
+        run_dir=run_dir,
+        manage_resources=manages_resources(run.scheduler),
+        ledger=ledger.attempt_dir(run_dir, start_version),
+    )
+
+
+def _scheduler(cfg: DictConfig, ctx: RunContext) -> Any:
+    """The configured scheduler, checked before anything reports: one that refuses its settings
+    (in its constructor, or in ``check(ctx)`` against the run: a baseline's fixed split, its
+    loss) leaves no MLflow run behind."""
+    scheduler = instantiate(cfg.scheduler)
+    if callable(check := getattr(scheduler, "check", None)):
+        try:
+            check(ctx)
+        except ValueError as e:
+            raise ConfigError(str(e)) from e
+    return scheduler
+
+
+def _show_update(
+    bar: Any, it: int, env_steps: int, metrics: dict[str, Any], success: float | None
+) -> None:
+    """One update in the run's log (a line) and on the console (the progress bar)."""
+    sps = metrics["throughput/env_steps_per_s"]
+    shown = "-" if success is None else f"{success:.2f}"
+    run_log.info(
+        "update %d: %d env steps, %.0f env steps/s, success %s, %.1f s",
+        it,
+        metrics["env/steps_total"],
+        sps,
+        shown,
+        metrics["time/wall_s"],
+    )
+    if bar is not None:
+        bar.update(env_steps)
+        bar.set_postfix(sps=f"{sps:.0f}", success=shown)
+
+
+def _name(node: DictConfig) -> str:
+    """A component's display name: its ``name`` field if it has one, else its class name."""
+    return str(node.get("name") or str(node._target_).rsplit(".", 1)[-1])
+
+
+def _run_dir(run: RunConfig) -> Path:
+    if run.run_dir:
+        d = Path(run.run_dir)
+    else:
+        try:
+            from hydra.core.hydra_config import HydraConfig
+
+            d = Path(HydraConfig.get().runtime.output_dir)
+        except ValueError:  # called without Hydra (tests, notebooks)
+            d = Path("outputs/runs") / time.strftime("%Y-%m-%d/%H-%M-%S")
+    d.mkdir(parents=True, exist_ok=True)
+    return d.resolve()
 
 
 def _to_log_file(logger: logging.Logger) -> None:
@@ -493,129 +263,6 @@ def _sampler(run: RunConfig, run_dir: Path, timeline: Timeline) -> UtilisationSa
     return UtilisationSampler(
         run_dir / "utilisation.csv", run.tracking.utilisation_interval_s, t0=timeline.t0
     ).start()
-
-
-def _account(
-    run_dir: Path,
-    ckpt_path: Path,
-    start_version: int,
-    summary: Summary,
-    prog: Progress,
-    tracker: Tracker,
-) -> None:
-    """The step ledger against the learner's checkpoint, into the summary and MLflow
-    (``env/collected_steps_total``, ``fault/discarded_env_steps``); a disagreement (a transition
-    trained twice, or one counted and never trained) is logged as an error. Never raises: it runs
-    in the clean-up of a failed run too."""
-    try:
-        ckpt = load_checkpoint(ckpt_path)
-        if ckpt is not None:
-            version, trained = int(ckpt["version"]), int(ckpt.get("trained_env_steps", -1))
-        else:  # no checkpoints: the updates this attempt logged
-            version = start_version + summary.iterations - prog.iterations
-            trained = summary.env_steps
-        acc = ledger.account(run_dir, version)
-    except Exception as e:  # a torn checkpoint, an unreadable folder: say so, keep the run
-        log.warning("step ledger: not read (%s: %s)", type(e).__name__, e)
-        return
-    summary.collected_env_steps, summary.discarded_env_steps = acc.collected, acc.discarded
-    if trained >= 0 and acc.trained != trained:
-        log.error(
-            "step ledger: the env workers collected %d env steps in segments the learner "
-            "trained, the learner counted %d: a transition was trained twice or lost",
-            acc.trained,
-            trained,
-        )
-    tracker.log_metrics(
-        {
-            "env/collected_steps_total": float(acc.collected),
-            "fault/discarded_env_steps": float(acc.discarded),
-            "fault/superseded_env_steps": float(acc.superseded),
-        },
-        step=summary.env_steps,
-    )
-
-
-def _evaluate_final(
-    run: RunConfig, factory: StageFactory, ckpt_path: Path, summary: Summary, tracker: Tracker
-) -> None:
-    """Evaluate the learner's last checkpoint (the final weights: ``every_iters`` is 1)."""
-    ckpt = load_checkpoint(ckpt_path)
-    if ckpt is None:
-        log.warning("eval: no checkpoint in %s (no update ran); nothing to evaluate", ckpt_path)
-        return
-    res = evaluate(
-        factory,
-        (int(ckpt["version"]), ckpt["policy"]),
-        episodes=run.eval.episodes,
-        num_envs=run.eval.num_envs,
-        deterministic=run.eval.deterministic,
-        threads=run.threads.train,
-        init_states=run.eval.init_states,
-    )
-    summary.eval_success_rate = res.success_rate
-    summary.eval_episodes = res.episodes
-    summary.eval_policy_version = res.policy_version
-    log.info(
-        "eval: %d/%d episodes succeeded (%s policy, version %d, %s, %.1f s)%s",
-        res.successes,
-        res.episodes,
-        "deterministic" if res.deterministic else "stochastic",
-        res.policy_version,
-        "fixed initial states" if res.fixed_states else "the run's initial states",
-        res.seconds,
-        f"; per task {dict(res.per_task)}" if res.per_task else "",
-    )
-    tracker.log_metrics(
-        {
-            "eval/success_rate": res.success_rate,
-            "eval/return": res.mean_return,
-            "eval/episode_length": res.mean_length,
-            "eval/seconds": res.seconds,
-        },
-        step=summary.env_steps,
-    )
-
-
-def _evaluate_curve(
-    run: RunConfig,
-    factory: StageFactory,
-    snap_dir: Path,
-    jsonl: Path,
-    summary: Summary,
-    tracker: Tracker,
-) -> None:
-    """Evaluate every kept snapshot; log ``eval/success_rate`` at the env step of the update that
-    made it (the report of update ``v`` is metrics row ``v - 1``), write ``eval_curve.csv``."""
-    rows = [json.loads(line) for line in jsonl.read_text().splitlines()] if jsonl.exists() else []
-    at = {r["iteration"] + 1: r for r in rows}  # version after the update -> its report
-    out = []
-    for path in snapshots(snap_dir):
-        snap = torch.load(path, map_location="cpu", weights_only=True)
-        v = int(snap["version"])
-        row = at.get(v)
-        if row is None:  # the learner ran past the last report (asynchronous schedules)
-            continue
-        res = evaluate(
-            factory,
-            (v, snap["policy"]),
-            episodes=run.eval.curve_episodes,
-            num_envs=run.eval.num_envs,
-            deterministic=run.eval.deterministic,
-            threads=run.threads.train,
-            init_states=run.eval.init_states,
-        )
-        steps, wall = int(row["env/steps_total"]), float(row["time/wall_s"])
-        out.append({"version": v, "env_steps": steps, "wall_s": wall, "success": res.success_rate})
-        tracker.log_metrics({"eval/success_rate": res.success_rate}, step=steps)
-        if summary.eval_time_to_80 is None and res.success_rate >= 0.8:
-            summary.eval_time_to_80, summary.eval_steps_to_80 = wall, steps
-    if out:
-        with (jsonl.parent / "eval_curve.csv").open("w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=list(out[0]))
-            w.writeheader()
-            w.writerows(out)
-    log.info("eval: learning curve of %d snapshots in %s", len(out), snap_dir)
 
 
 def manages_resources(scheduler: Any) -> bool:
@@ -708,39 +355,6 @@ def _refuse_unwired_resources(run: RunConfig) -> None:
         )
 
 
-def config_hash(cfg: DictConfig) -> str:
-    """Fingerprint of what a run computes: the resolved config without where it writes, its
-    budget (a resumed run may be given more) and display settings."""
-    c = OmegaConf.to_container(cfg, resolve=True)
-    for k in ("run_dir", "budget", "progress", "tracking"):
-        c.pop(k, None)  # type: ignore[union-attr]
-    return hashlib.sha256(json.dumps(c, sort_keys=True, default=str).encode()).hexdigest()[:16]
-
-
-def _save_progress(
-    prog: Progress, path: Path, summary: Summary, now: float, success_hist: list[float]
-) -> None:
-    state = replace(
-        prog,
-        iterations=summary.iterations,
-        env_steps=summary.env_steps,
-        wall_s=now,
-        time_to_80=summary.time_to_80,
-        steps_to_80=summary.steps_to_80,
-        success_hist=list(success_hist),
-    )
-    state.save(path)
-
-
-def _budget_spent(run: RunConfig, steps: int, seconds: float, iters: int) -> bool:
-    b = run.budget
-    return (
-        steps >= b.env_steps
-        or (b.minutes is not None and seconds >= 60 * b.minutes)
-        or (b.iterations is not None and iters >= b.iterations)
-    )
-
-
 def _progress(run: RunConfig, initial: int = 0):
     if not run.progress:
         return None
@@ -753,72 +367,6 @@ def _progress(run: RunConfig, initial: int = 0):
         unit_scale=True,
         dynamic_ncols=True,
     )
-
-
-def _write_outputs(
-    run_dir: Path, jsonl: Path, summary: Summary, timeline: Timeline, tracker: Tracker
-) -> None:
-    """Everything the run produced, to disk and to the tracker; survives a failed run."""
-    curve_path = run_dir / "metrics.csv"
-    rows = [json.loads(line) for line in jsonl.read_text().splitlines()] if jsonl.exists() else []
-    if rows:
-        keys = sorted({k for r in rows for k in r})
-        with curve_path.open("w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=keys)
-            w.writeheader()
-            w.writerows(rows)
-    trace = timeline.write_chrome_trace(run_dir / "timeline.json")
-    spath = run_dir / "summary.json"
-    spath.write_text(json.dumps(asdict(summary), indent=2))
-    try:
-        final = {
-            "summary/throughput_e2e": summary.throughput_e2e,
-            "summary/throughput_overall": summary.throughput_overall,
-            "summary/overhead_frac": summary.overhead_frac,
-            "summary/wall_s": summary.wall_s,
-        }
-        if not math.isnan(summary.success_rate):
-            final["summary/success_rate"] = summary.success_rate
-        if summary.eval_success_rate is not None:
-            final["summary/eval_success_rate"] = summary.eval_success_rate
-            # the Wilson interval of the rate counts them (analysis.tables.TRIALS)
-            final["summary/eval_episodes"] = summary.eval_episodes
-        tracker.log_metrics(final, step=summary.env_steps)
-        # the run's own files, and the resource manager's (its shape search, profile, split and
-        # reallocations)
-        own = ("shape.json", "resources.json", "profile.json", "reallocations.jsonl")
-        own += ("placement.txt", "utilisation.csv")
-        for p in (
-            run_dir / "config.yaml",
-            spath,
-            trace,
-            curve_path,
-            run_dir / "eval_curve.csv",
-            *(run_dir / f for f in own),
-        ):
-            if p.exists():
-                tracker.log_artifact(p)
-        for p, folder in _artifact_folders(run_dir):
-            tracker.log_artifact(p, folder)
-    finally:
-        tracker.finish(summary.status)
-
-
-#: folders of a run folder uploaded as they are: the step ledger (every attempt's counts) and
-#: Hydra's record of the job (its config, overrides and log)
-ARTIFACT_FOLDERS = (ledger.LEDGER, ".hydra")
-
-
-def _artifact_folders(run_dir: Path) -> list[tuple[Path, str | None]]:
-    """(file, its folder relative to the run folder) of every file in :data:`ARTIFACT_FOLDERS`,
-    and Hydra's job log (``<run_dir>/*.log``, at the top)."""
-    out: list[tuple[Path, str | None]] = []
-    for name in ARTIFACT_FOLDERS:
-        root = run_dir / name
-        if root.is_dir():
-            files = sorted(p for p in root.rglob("*") if p.is_file())
-            out += [(p, p.parent.relative_to(run_dir).as_posix()) for p in files]
-    return out + [(p, None) for p in sorted(run_dir.glob("*.log")) if p.is_file()]
 
 
 # --- entry point ------------------------------------------------------------------------------

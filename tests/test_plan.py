@@ -28,10 +28,10 @@ from ebrl.plan.profile import (
 )
 from ebrl.plan.schedulers import PlanWorkload, allreduce_s, build, plan_one
 from ebrl.resources.model import (
-    Job,
     Layout,
     Machine,
     Shape,
+    StageCall,
     StageCosts,
     Workload,
     admits,
@@ -272,19 +272,19 @@ def test_a_pool_shares_its_capacity_and_a_job_alone_gets_its_nominal_cores():
     done = []
     m = Machine({"cpu": 1.0})
     for i in range(2):
-        m.add(Job(1.0, (("cpu", 1.0),), lambda i=i: done.append((i, m.now)), "x", f"t{i}"))
+        m.add(StageCall(1.0, (("cpu", 1.0),), lambda i=i: done.append((i, m.now)), "x", f"t{i}"))
     while m.advance():
         pass
     assert [round(t, 9) for _, t in done] == [2.0, 2.0]  # each at half speed
     m = Machine({"cpu": 1.5}, nominal={"cpu": 2.0})
-    m.add(Job(1.0, (("cpu", 1.6),), lambda: done.append(("alone", m.now)), "x", "a"))
+    m.add(StageCall(1.0, (("cpu", 1.6),), lambda: done.append(("alone", m.now)), "x", "a"))
     while m.advance():
         pass
     assert done[-1][1] == pytest.approx(1.0)  # alone: measured alone, the nominal cores
     m = Machine({"cpu": 1.5}, nominal={"cpu": 2.0})
     ends = []
     for i in range(2):
-        m.add(Job(1.0, (("cpu", 1.0),), lambda: ends.append(m.now), "x", f"t{i}"))
+        m.add(StageCall(1.0, (("cpu", 1.0),), lambda: ends.append(m.now), "x", f"t{i}"))
     while m.advance():
         pass
     assert ends == pytest.approx([2 / 1.5, 2 / 1.5])  # together: the effective cores
@@ -292,7 +292,7 @@ def test_a_pool_shares_its_capacity_and_a_job_alone_gets_its_nominal_cores():
     m = Machine({"cpu": 1.0, "gpu": 1.0})
     ends = []
     m.add(
-        Job(
+        StageCall(
             1.0,
             (("gpu", 1.0),),
             lambda: ends.append(("gpu", m.now)),
@@ -301,7 +301,7 @@ def test_a_pool_shares_its_capacity_and_a_job_alone_gets_its_nominal_cores():
             loads=(("cpu", 1.0),),
         )
     )
-    m.add(Job(1.0, (("cpu", 1.0),), lambda: ends.append(("sim", m.now)), "sim", "s"))
+    m.add(StageCall(1.0, (("cpu", 1.0),), lambda: ends.append(("sim", m.now)), "sim", "s"))
     while m.advance():
         pass
     assert dict(ends) == pytest.approx({"gpu": 1.0, "sim": 1.5})

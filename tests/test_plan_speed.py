@@ -14,7 +14,16 @@ from ebrl.plan.cli import EXAMPLE, PAPER_WORKLOAD, workload_for
 from ebrl.plan.machine import from_conf
 from ebrl.plan.profile import Profile, lognormal_samples
 from ebrl.plan.schedulers import SCHEDULERS, PlanWorkload, build
-from ebrl.resources.model import Job, Layout, Machine, Played, Shape, StageCosts, Workload, play
+from ebrl.resources.model import (
+    Layout,
+    Machine,
+    Played,
+    Shape,
+    StageCall,
+    StageCosts,
+    Workload,
+    play,
+)
 from tests import model_reference as ref
 from tests.test_plan import CPU, cpu_profile
 
@@ -143,7 +152,7 @@ def test_the_machine_ends_jobs_when_the_reference_does(seed):
         for _ in range(60)
     ]
     for side, m in machines.items():
-        job_cls = Job if side == "new" else ref.Job
+        job_cls = StageCall if side == "new" else ref.Job
         todo = list(plan)
 
         def start(i: int, m=m, job_cls=job_cls, todo=todo, side=side) -> None:

@@ -26,7 +26,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, Protocol
 
-from ebrl.resources.plan import GpuShare, Placement, ShareKind
+from ebrl.resources.plan import GpuShare, ShareKind, StagePlacement
 
 log = logging.getLogger(__name__)
 
@@ -178,7 +178,7 @@ def threads_guard(n: int | None = None) -> Iterator[None]:
         torch.set_num_threads(saved)
 
 
-def apply_placement(placement: Placement) -> None:
+def apply_placement(placement: StagePlacement) -> None:
     """Pin this process to its placement's cores and set its torch threads.
 
     Called by a stage process itself at start-up (torch's thread count is per process, so

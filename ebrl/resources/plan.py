@@ -131,7 +131,7 @@ class PlanPolicy:
 
 
 @dataclass(frozen=True)
-class Placement:
+class StagePlacement:
     """Where one stage process runs and how.
 
     Attributes:
@@ -165,11 +165,11 @@ class ResourcePlan:
         all_cores: the cores the plan drew from.
     """
 
-    placements: tuple[Placement, ...]
+    placements: tuple[StagePlacement, ...]
     warnings: tuple[str, ...] = ()
     all_cores: tuple[int, ...] = field(default=())
 
-    def stage(self, name: str) -> tuple[Placement, ...]:
+    def stage(self, name: str) -> tuple[StagePlacement, ...]:
         """The placements of one stage (by request name), by rank."""
         out = tuple(p for p in self.placements if p.stage == name)
         if not out:
@@ -408,7 +408,7 @@ def make_plan(
     order = [r for r in requests if r.gpu_share is not None] + [
         r for r in requests if r.gpu_share is None
     ]
-    by_stage: dict[str, list[Placement]] = {}
+    by_stage: dict[str, list[StagePlacement]] = {}
     for req in order:
         for rank in range(req.processes):
             share = state.take_gpu(req, rank) if req.gpu_share is not None else None
@@ -417,7 +417,9 @@ def make_plan(
             node = numa if numa is not None else topology.core(cores[0]).numa
             threads = req.threads or (1 if req.role == "sim" else len(cores))
             by_stage.setdefault(req.name, []).append(
-                Placement(req.name, req.role, rank, cores, node, share, threads, req.batch_size)
+                StagePlacement(
+                    req.name, req.role, rank, cores, node, share, threads, req.batch_size
+                )
             )
     placements = tuple(p for r in requests for p in by_stage[r.name])
     return ResourcePlan(placements, tuple(state.warnings), topology.core_ids)
@@ -485,14 +487,14 @@ def cpu_plan(
     n = len(topology.cores)
     sim_need = sim_processes * sim_cores_per_process
     warnings: list[str] = []
-    placements: list[Placement] = []
+    placements: list[StagePlacement] = []
     if n - sim_need >= 2:
         ordered = _core_order(topology, None)
         sim_cores, pool = ordered[:sim_need], ordered[sim_need:]
         for r in range(sim_processes):
             cores = tuple(sim_cores[r * sim_cores_per_process : (r + 1) * sim_cores_per_process])
             placements.append(
-                Placement("sim", "sim", r, cores, topology.core(cores[0]).numa, None, 1, None)
+                StagePlacement("sim", "sim", r, cores, topology.core(cores[0]).numa, None, 1, None)
             )
     else:
         pool = list(topology.core_ids)
@@ -501,7 +503,7 @@ def cpu_plan(
             "pin them apart; every sim process may use every core"
         )
         placements += [
-            Placement("sim", "sim", r, tuple(pool), topology.cores[0].numa, None, 1, None)
+            StagePlacement("sim", "sim", r, tuple(pool), topology.cores[0].numa, None, 1, None)
             for r in range(sim_processes)
         ]
     gen, train = cpu_split(topology, gen_share, pool)
@@ -509,5 +511,5 @@ def cpu_plan(
         warnings.append("a single core for gen and train: they share it")
     for name, cores, batch in (("gen", gen, gen_batch), ("train", train, train_batch)):
         node = topology.core(cores[0]).numa
-        placements.append(Placement(name, name, 0, cores, node, None, len(cores), batch))
+        placements.append(StagePlacement(name, name, 0, cores, node, None, len(cores), batch))
     return ResourcePlan(tuple(placements), tuple(warnings), topology.core_ids)

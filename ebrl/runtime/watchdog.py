@@ -10,7 +10,9 @@ SIGTERM to every recorded process still alive (the same pid *and* start time, ne
 pid), SIGKILL to any left after ``grace`` seconds, and unlinks the driver's shared-memory
 segments (``/dev/shm/ebrl_<driver pid>_*``).
 
-Run as ``python -m ebrl.runtime.watchdog <driver pid>`` by :class:`Watchdog`.
+Run as ``python -m ebrl.runtime.watchdog <driver pid>`` by :class:`Watchdog`. It watches the
+driver; the driver watches its workers (their heartbeats, and the Stop that ends them) in
+:mod:`ebrl.schedulers.ebrl.heartbeat`, whose docstring has who watches whom.
 """
 
 from __future__ import annotations

@@ -37,7 +37,7 @@ from ebrl.resources.model.native import guard
 COMPILED = guard()
 
 from ebrl.resources.model.engine import Played, gen_track, play, simulate
-from ebrl.resources.model.machine import Job, Machine, Span
+from ebrl.resources.model.machine import Machine, ModelSpan, StageCall
 from ebrl.resources.model.rules import (
     admits,
     pick,
@@ -70,14 +70,14 @@ from ebrl.resources.model.types import (
 __all__ = [
     "COMPILED",
     "CostTable",
-    "Job",
     "Layout",
     "Machine",
+    "ModelSpan",
     "Played",
     "Prediction",
     "Shape",
-    "Span",
     "Split",
+    "StageCall",
     "StageCosts",
     "Workload",
     "admits",

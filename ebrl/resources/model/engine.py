@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ebrl.resources.model.machine import Job, Machine, Span
+from ebrl.resources.model.machine import Machine, ModelSpan, StageCall
 from ebrl.resources.model.rules import admits, pick, replica_blocks, served_groups, split_groups
 from ebrl.resources.model.types import Layout, Prediction, Shape, StageCosts, Workload
 
@@ -59,7 +59,7 @@ class Played:
     """
 
     prediction: Prediction
-    spans: list[Span]
+    spans: list[ModelSpan]
     events: list[tuple]
     staleness_counts: list[int]
     update_end: list[float]
@@ -141,7 +141,7 @@ def play(
     """Play ``updates`` updates of the schedule; the figures are over those after ``warmup``.
 
     Args:
-        spans: keep every stage call as a :class:`Span` (False: ``Played.spans`` is empty, the
+        spans: keep every stage call as a :class:`ModelSpan` (False: ``Played.spans`` is empty, the
             figures the same).
 
     Raises:
@@ -224,7 +224,8 @@ def play(
     # an env worker steps one unit at a time: its one job object serves every unit in turn
     current: list[tuple[list[int], bool]] = [([], False)] * len(work.workers)
     sim_jobs = [
-        Job(0.0, sim_uses[w], _stepped(w), "sim", sim_tracks[w]) for w in range(len(work.workers))
+        StageCall(0.0, sim_uses[w], _stepped(w), "sim", sim_tracks[w])
+        for w in range(len(work.workers))
     ]
     # whether one of a worker's envs has ended a segment since the worker last handed one over
     crossed = [False] * len(work.workers)
@@ -255,7 +256,7 @@ def play(
     # a replica makes one call at a time: its one gen job object serves every call in turn
     acting: list[list[int]] = [[] for _ in reps]  # the batch of each replica's call
     gen_jobs = [
-        Job(0.0, lay.gens[r], _acted(r), "gen", gen_tracks[r], (), gen_loads[r])
+        StageCall(0.0, lay.gens[r], _acted(r), "gen", gen_tracks[r], (), gen_loads[r])
         for r in range(lay.replicas)
     ]
 
@@ -271,7 +272,7 @@ def play(
         if costs.sync_s > 0:
             version = learner["version"] + 1
             machine.add(
-                Job(
+                StageCall(
                     costs.sync_s,
                     lay.learner,
                     _published,
@@ -302,7 +303,7 @@ def play(
                 if costs.load_s > 0:
                     rep.busy, rep.carry = True, msgs[i + 1 :]
                     machine.add(
-                        Job(
+                        StageCall(
                             costs.load_s,
                             lay.gens[r],
                             _loaded(r, learner["version"]),
@@ -392,7 +393,7 @@ def play(
             learner["busy"] = True
             events.append(("train", u))
             machine.add(
-                Job(
+                StageCall(
                     costs.train_s,
                     lay.learner,
                     _trained,

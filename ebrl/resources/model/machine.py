@@ -63,7 +63,7 @@ class _Pool:
         self.demand, self.count, self.speed = 0.0, 0, 1.0
         # the virtual clock (work each of its jobs has done) as of vt_at
         self.vt, self.vt_at = 0.0, 0.0
-        self.heap: list[tuple[float, int, Job]] = []  # (virtual end, seq, job)
+        self.heap: list[tuple[float, int, StageCall]] = []  # (virtual end, seq, job)
         self.version = 0  # bumped whenever its next end in real time changes
         self.multi: set[int] = set()  # several-pool jobs on it
         # a pool with a nominal capacity: how many of its jobs ask each demand (the largest
@@ -72,7 +72,7 @@ class _Pool:
 
 
 @dataclass(eq=False, slots=True)
-class Job:
+class StageCall:
     """One stage call.
 
     Attributes:
@@ -104,8 +104,8 @@ class Job:
 
 
 @dataclass(frozen=True, slots=True)
-class Span:
-    """A finished job, in the shape of ``ebrl.timeline.Span`` (seconds of model time)."""
+class ModelSpan:
+    """A finished stage call, in the shape of ``ebrl.timeline.Span`` (seconds of model time)."""
 
     stage: str
     track: str
@@ -148,30 +148,30 @@ class Machine:
         self._moved: set[_Pool] = set()
         # jobs on several pools: each runs at its slowest pool's speed; its finish time is
         # kept in a heap and recomputed (a new entry, the old one stale) when a speed changes
-        self._multi: dict[int, Job] = {}
+        self._multi: dict[int, StageCall] = {}
         self._finish: list[tuple[float, int, int]] = []  # (time, seq, its version)
         self._version: dict[int, int] = {}
         self._rate: dict[int, float] = {}
         self._since: dict[int, float] = {}
         self._seq = 0
-        self._running: dict[int, Job] = {}
+        self._running: dict[int, StageCall] = {}
         self._timer_set: set[float] = set(self.timers)
-        # finished jobs as (kind, track, start, end, args): Span objects only when asked for
+        # finished jobs as (kind, track, start, end, args): ModelSpan objects only when asked for
         self.records: list[tuple[str, str, float, float, SpanArgs]] = []
-        self._spans: list[Span] = []
+        self._spans: list[ModelSpan] = []
 
     @property
-    def spans(self) -> list[Span]:
+    def spans(self) -> list[ModelSpan]:
         """Every finished job, in the order they ended."""
         for r in self.records[len(self._spans) :]:
-            self._spans.append(Span(*r))
+            self._spans.append(ModelSpan(*r))
         return self._spans
 
     @property
-    def running(self) -> list[Job]:
+    def running(self) -> list[StageCall]:
         return list(self._running.values())
 
-    def _resolve(self, job: Job) -> tuple[_Asks, _Asks]:
+    def _resolve(self, job: StageCall) -> tuple[_Asks, _Asks]:
         """A job's pacing pools and every pool it asks of, as (pool, demand) pairs (an unknown
         pool: KeyError)."""
         uses = job.uses or ((DELAY, 0.0),)
@@ -183,7 +183,7 @@ class Machine:
         self._resolved[job.uses, job.loads] = out
         return out
 
-    def add(self, job: Job) -> None:
+    def add(self, job: StageCall) -> None:
         """Start ``job`` now."""
         r = job.resolved
         if r is not None and r[0] is job.uses and r[1] is job.loads:
@@ -247,7 +247,7 @@ class Machine:
         for seq in pool.multi:
             self._reschedule(self._multi[seq])
 
-    def _reschedule(self, job: Job) -> None:
+    def _reschedule(self, job: StageCall) -> None:
         """Settle a several-pool job's work at its old rate, take the new one."""
         seq, now = job.seq, self.now
         job.remaining -= self._rate[seq] * (now - self._since[seq])
@@ -305,7 +305,7 @@ class Machine:
         due = now + _EPS
         while timers and timers[0] <= due:
             self._timer_set.discard(heapq.heappop(timers))
-        finished: list[Job] = []
+        finished: list[StageCall] = []
         while n and n[0][0] <= due:
             _, version, index = heapq.heappop(n)
             pool = pools[index]

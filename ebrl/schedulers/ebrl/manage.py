@@ -5,8 +5,8 @@ the workers.
 (:class:`~ebrl.resources.runtime.RunTimeManager`) holding the starting split
 (:class:`~ebrl.resources.manager.RunResources`), which the workers apply when they start
 (``Plan.gen_resources`` / ``train_resources``), the shape trials when the shape was searched,
-and with ``allocator=elastic`` Algorithm 1 at run time. :class:`Links` carries what it decides
-to the generator and the learner (a :class:`Resources` message each; they apply it between
+and with ``allocator=elastic`` Algorithm 1 at run time. :class:`ManagerLinks` carries what it
+decides to the generator and the learner (a :class:`Resources` message each; they apply it between
 stage calls and acknowledge with :class:`Applied`). :func:`choose_shape` runs the shape search
 on probes of the run's own stages.
 
@@ -61,7 +61,7 @@ log = logging.getLogger(__name__)
 
 __all__ = [
     "COUNTERS",
-    "Links",
+    "ManagerLinks",
     "Shape",
     "acknowledge",
     "choose_shape",
@@ -86,7 +86,7 @@ def acknowledge(manager: RunTimeManager, msg: Applied) -> None:
     manager.applied(msg.worker, msg.seq, msg.seconds, msg.threads, msg.cores, msg.batch_min)
 
 
-class Links:
+class ManagerLinks:
     """The manager's links to the generator and the learner (``gen``, ``learner``): what it
     decides goes out as :class:`Resources`; a replaced process gets a new link."""
 

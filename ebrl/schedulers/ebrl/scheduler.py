@@ -33,7 +33,6 @@ import json
 import logging
 import math
 import os
-import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -69,6 +68,7 @@ from ebrl.runtime.placement import (
 from ebrl.runtime.slots import ShmSlots, SlotSpec
 from ebrl.schedulers.base import IterationReport, RunContext, StageError
 from ebrl.schedulers.ebrl import manage
+from ebrl.schedulers.ebrl.heartbeat import HeartbeatMonitor, stop_workers
 from ebrl.schedulers.ebrl.messages import (
     Applied,
     Beat,
@@ -80,7 +80,6 @@ from ebrl.schedulers.ebrl.messages import (
     Reshape,
     Resources,
     Rewire,
-    Stop,
     Telemetry,
 )
 from ebrl.schedulers.ebrl.rebind import home_cores
@@ -438,7 +437,7 @@ class EBRLScheduler:
         book: dict[str, Any] = {DRIVER: inbox.address}  # worker name -> inbox address
         res = self.resources or {}
         manager: RunTimeManager | None = None
-        to_stages: manage.Links | None = None  # the manager's links to gen and learner
+        to_stages: manage.ManagerLinks | None = None  # the manager's links to gen and learner
         try:
             self.set_quotas(
                 ctx.factory.cfg,
@@ -521,7 +520,7 @@ class EBRLScheduler:
             for h in handles:
                 h.start(links[h.name], plan)
             if manager is not None and manager.elastic is not None:
-                to_stages = manage.Links(book, authkey)
+                to_stages = manage.ManagerLinks(book, authkey)
             restarts = _Restarts(
                 backend, factory, roles, authkey, host, res, options, book, plan,
                 self.max_restarts, board, dist, self._device("gen"), manager, to_stages,
@@ -853,87 +852,99 @@ class EBRLScheduler:
         other failure into a StageError. ``unread`` holds what was read and not handled when
         the caller stops at a report (the shutdown keeps its spans)."""
         by_worker: dict[str, dict[str, float]] = {}  # each worker's latest gauges
-        beats = _Heartbeats(self.hang_timeout_s, handles)
+        beats = HeartbeatMonitor(self.hang_timeout_s, handles)
+
+        def report(m: Report) -> IterationReport:
+            arrived = time.perf_counter()  # before the manager's work on it
+            metrics = {**m.metrics, **merge_gauges(by_worker)}
+            metrics["pipeline/staleness_bound"] = float(plan.staleness)
+            if restarts is not None:
+                metrics["fault/env_worker_restarts"] = float(restarts.sims)
+                metrics["fault/gen_restarts"] = float(restarts.gens)
+            if manager is not None:  # the trials, the shape watch, Algorithm 1 may move
+                metrics.update(manager.report(m.iteration, m.env_steps, metrics))
+                if manager.choice is not None:
+                    self.shape_choice = manager.choice
+                if self.resplitter is not None and restarts is not None:
+                    metrics.update(
+                        self._resplit(m.iteration, metrics, manager, restarts, handles, ctx.run_dir)
+                    )
+            params: dict[str, Any] = {}
+            choice, self._unlogged_shape = self._unlogged_shape, None
+            if choice is not None:  # the first report carries the shape search's outcome
+                params = choice.params()
+                metrics.update(choice.metrics())
+            if self._unlogged_sharing is not None:  # and how the GPUs were shared
+                params[sharing.TAG] = str(self._unlogged_sharing)
+                if self.split is not None and self._unlogged_sharing != "whole":
+                    params.update(self.split.params())  # and how the SMs were split
+                self._unlogged_sharing = None
+            params.update(self._unlogged_resplits)
+            self._unlogged_resplits = {}
+            return IterationReport(m.iteration, m.env_steps, metrics, params, arrived)
+
+        def telemetry(m: Telemetry) -> None:
+            for span in m.spans:
+                ctx.timeline.add(span)
+            g = dict(m.gauges)
+            if manager is not None:
+                manager.gauges(g)
+            for k in manage.COUNTERS:  # the manager's inputs, not run metrics
+                g.pop(k, None)
+            by_worker.setdefault(m.worker, {}).update(g)
+
+        def failed(m: Failed) -> None:
+            raise StageError(m.worker, f"{m.error}\n--- worker traceback ---\n{m.traceback}")
+
+        # who reacts to what on the driver (a handler's non-None result is yielded); the
+        # workers' tables are their ``handlers`` (workers.py)
+        handlers: dict[type, Callable[[Any], IterationReport | None]] = {
+            Report: report,
+            Telemetry: telemetry,
+            Beat: lambda m: beats.seen(m.worker),
+            Failed: failed,
+            Owed: lambda m: restarts.replace(m, handles) if restarts is not None else None,
+            Applied: lambda m: manage.acknowledge(manager, m) if manager is not None else None,
+        }
         unread = deque() if unread is None else unread
         while True:
             if not unread:
                 unread.extend(inbox.recv(timeout=0.5))
             while unread:
                 m = unread.popleft()
-                if isinstance(m, Beat):
-                    beats.seen(m.worker)
-                elif isinstance(m, Owed) and restarts is not None:
-                    restarts.replace(m, handles)
-                elif isinstance(m, Report):
-                    arrived = time.perf_counter()  # before the manager's work on it
-                    metrics = {**m.metrics, **merge_gauges(by_worker)}
-                    metrics["pipeline/staleness_bound"] = float(plan.staleness)
-                    if restarts is not None:
-                        metrics["fault/env_worker_restarts"] = float(restarts.sims)
-                        metrics["fault/gen_restarts"] = float(restarts.gens)
-                    if manager is not None:  # the trials, the shape watch, Algorithm 1 may move
-                        metrics.update(manager.report(m.iteration, m.env_steps, metrics))
-                        if manager.choice is not None:
-                            self.shape_choice = manager.choice
-                        if self.resplitter is not None and restarts is not None:
-                            metrics.update(
-                                self._resplit(
-                                    m.iteration, metrics, manager, restarts, handles, ctx.run_dir
-                                )
-                            )
-                    params: dict[str, Any] = {}
-                    choice, self._unlogged_shape = self._unlogged_shape, None
-                    if choice is not None:  # the first report carries the shape search's outcome
-                        params = choice.params()
-                        metrics.update(choice.metrics())
-                    if self._unlogged_sharing is not None:  # and how the GPUs were shared
-                        params[sharing.TAG] = str(self._unlogged_sharing)
-                        if self.split is not None and self._unlogged_sharing != "whole":
-                            params.update(self.split.params())  # and how the SMs were split
-                        self._unlogged_sharing = None
-                    params.update(self._unlogged_resplits)
-                    self._unlogged_resplits = {}
-                    yield IterationReport(m.iteration, m.env_steps, metrics, params, arrived)
-                elif isinstance(m, Telemetry):
-                    for span in m.spans:
-                        ctx.timeline.add(span)
-                    g = dict(m.gauges)
-                    if manager is not None:
-                        manager.gauges(g)
-                    for k in manage.COUNTERS:  # the manager's inputs, not run metrics
-                        g.pop(k, None)
-                    by_worker.setdefault(m.worker, {}).update(g)
-                elif isinstance(m, Applied):
-                    if manager is not None:
-                        manage.acknowledge(manager, m)
-                elif isinstance(m, Failed):
-                    raise StageError(
-                        m.worker, f"{m.error}\n--- worker traceback ---\n{m.traceback}"
-                    )
-            for h, silent in beats.hung():
-                if restarts is None or not restarts.replaceable(h) or not hasattr(h, "kill"):
-                    raise StageError(
-                        h.name,
-                        f"no heartbeat for {silent:.0f} s: its process is alive but hung "
-                        "(frozen, or stuck in native code holding the GIL); "
-                        "scheduler.hang_timeout_s sets the limit",
-                    )
-                log.warning("%s: no heartbeat for %.0f s; killing it", h.name, silent)
-                h.kill()  # Ray then reports it dead, and it is replaced below
-            for h in handles:
-                if restarts is not None and h in restarts.dead:
-                    continue
-                try:
-                    finished = h.poll()
-                except WorkerDied as e:
-                    if restarts is None or not restarts.replaceable(h):
-                        raise StageError(h.name, f"{type(e).__name__}: {e}") from e
-                    restarts.died(h, str(e), handles)
-                    continue
-                except Exception as e:
+                handle = handlers.get(type(m))
+                if handle is not None and (out := handle(m)) is not None:
+                    yield out
+            self._check_alive(handles, beats, restarts)
+
+    @staticmethod
+    def _check_alive(handles: list, beats: HeartbeatMonitor, restarts: _Restarts | None) -> None:
+        """Kill a hung worker (no heartbeat) and replace a dead one where it can be replaced;
+        any other hung, dead or finished worker stops the run with a StageError."""
+        for h, silent in beats.hung():
+            if restarts is None or not restarts.replaceable(h) or not hasattr(h, "kill"):
+                raise StageError(
+                    h.name,
+                    f"no heartbeat for {silent:.0f} s: its process is alive but hung "
+                    "(frozen, or stuck in native code holding the GIL); "
+                    "scheduler.hang_timeout_s sets the limit",
+                )
+            log.warning("%s: no heartbeat for %.0f s; killing it", h.name, silent)
+            h.kill()  # Ray then reports it dead, and it is replaced below
+        for h in handles:
+            if restarts is not None and h in restarts.dead:
+                continue
+            try:
+                finished = h.poll()
+            except WorkerDied as e:
+                if restarts is None or not restarts.replaceable(h):
                     raise StageError(h.name, f"{type(e).__name__}: {e}") from e
-                if finished:
-                    raise StageError(h.name, "the worker left its loop without being stopped")
+                restarts.died(h, str(e), handles)
+                continue
+            except Exception as e:
+                raise StageError(h.name, f"{type(e).__name__}: {e}") from e
+            if finished:
+                raise StageError(h.name, "the worker left its loop without being stopped")
 
     def _reshape(self, new: Shape, restarts: _Restarts) -> None:
         """Send ``new`` to every replica and env worker (they switch between two batches), and
@@ -978,24 +989,7 @@ class EBRLScheduler:
         """Stop every worker (politely, then by force), keep the spans of the messages read
         and not handled (``unread``) and of their last flush, free the slots; never raises."""
 
-        def tell(addr: Any) -> None:
-            with contextlib.suppress(Exception):  # a dead worker cannot be told
-                out = Outbox(addr, authkey, retries=1)
-                out.send(Stop())
-                out.close()
-
-        # each in a thread of its own, for at most 2 s in all: connecting to a hung worker's
-        # inbox (a frozen process) never completes its handshake; such a worker is killed below
-        tellers = [
-            threading.Thread(target=tell, args=(addr,), daemon=True)
-            for name, addr in book.items()
-            if name != DRIVER
-        ]
-        for t in tellers:
-            t.start()
-        deadline = time.monotonic() + 2.0
-        for t in tellers:
-            t.join(timeout=max(0.0, deadline - time.monotonic()))
+        stop_workers((addr for name, addr in book.items() if name != DRIVER), authkey)
         for h in handles:
             try:
                 h.stop()
@@ -1100,7 +1094,7 @@ class _Restarts:
         dist: tuple[str, int] | None,
         gen_device: str,
         manager: RunTimeManager | None,
-        to_stages: manage.Links | None = None,
+        to_stages: manage.ManagerLinks | None = None,
     ) -> None:
         self.backend, self.factory, self.roles = backend, factory, roles
         self.authkey, self.host, self.resources = authkey, host, resources
@@ -1224,43 +1218,3 @@ def _soft(options: dict | None) -> dict | None:
         **options,
         "scheduling_strategy": NodeAffinitySchedulingStrategy(strategy.node_id, soft=True),
     }
-
-
-class _Heartbeats:
-    """When each worker was last heard from (its :class:`Beat`), and which have gone silent.
-
-    A handle's clock starts when it is first seen here (its process may take a while to build
-    its stage before it beats); a handle already reported hung is not reported again. Silence
-    is only counted while the driver reads its inbox: after the driver itself was busy elsewhere
-    (starting a replacement worker takes seconds) every clock restarts, since beats sent
-    meanwhile were not read yet.
-    """
-
-    #: the driver checks every ~0.5 s; a longer gap means it was away
-    AWAY_S = 2.0
-
-    def __init__(self, timeout_s: float | None, handles: list) -> None:
-        self.timeout_s = timeout_s
-        self.handles = handles
-        self.last: dict[str, float] = {}
-        self.reported: set[int] = set()
-        self.checked = time.monotonic()
-
-    def seen(self, worker: str) -> None:
-        self.last[worker] = time.monotonic()
-
-    def hung(self) -> list[tuple[Any, float]]:
-        if not self.timeout_s:
-            return []
-        now, out = time.monotonic(), []
-        if now - self.checked > self.AWAY_S:
-            self.last = dict.fromkeys(self.last, now)
-        self.checked = now
-        for h in self.handles:
-            if id(h) in self.reported:
-                continue
-            last = self.last.setdefault(h.name, now)
-            if now - last > self.timeout_s:
-                self.reported.add(id(h))
-                out.append((h, now - last))
-        return out

@@ -10,7 +10,10 @@ with levels switched off) has the same roles:
   assembles segments and talks to everyone; every rank trains on every segment, each on its shard
   of every minibatch, gradients summed across ranks (torch.distributed: gloo on CPU, NCCL on GPU).
 
-The traffic (the arrows are :class:`~ebrl.runtime.channel.Outbox` -> inbox links unless said)::
+The traffic, the one copy of this diagram (docs/architecture.md points here); the arrows are
+:class:`~ebrl.runtime.channel.Outbox` -> inbox links unless said. Who reacts to each message at
+its receiving end is a table: each worker's ``handlers`` (``workers.py``) and the driver's in
+``EBRLScheduler._relay`` (``scheduler.py``)::
 
     sim w    --Hello, Ready(ids)-->   gen r(w)        observations in the shared slots
     gen r    --Go(ids)-->             sim w           action chunks in the shared slots
@@ -20,6 +23,7 @@ The traffic (the arrows are :class:`~ebrl.runtime.channel.Outbox` -> inbox links
     learner  --Report, Owed-->        driver          one update done; a replacement's segment
     any      --Telemetry, Beat, Failed, Applied--> driver
     driver   --Resources--> gen r, learner;  --Lost--> learner;  --Stop--> every worker
+    driver   --Reshape--> sim w, gen r                the run's new shape (shape trials, watch)
     driver   --Rewire--> sim w;  --Reconnect--> learner      a dead replica was replaced
     sim w    --Resync, Ready-->       the new gen r   where its envs stand; those waiting
 
@@ -35,9 +39,10 @@ segment that decision lands in will be trained by a learner version at most ``k`
 replica's (``GenWorker._eligible``); so the env workers wait for the generator, the generator for
 the learner's weights, and the learner for the env workers' parts. Nothing is dropped.
 
-Shutdown: the driver tells every worker ``Stop`` (from threads, 2 s in all), then stops their
-handles (Ray kills the processes); the leader hands ``None`` to its followers' broadcast so they
-leave their loop too. A dead env worker or generator replica is replaced (the driver's
+Shutdown: the driver tells every worker ``Stop`` (``heartbeat.stop_workers``: from threads, 2 s
+in all), then stops their handles (Ray kills the processes); the leader hands ``None`` to its
+followers' broadcast so they leave their loop too. A worker that stops beating is hung
+(``heartbeat.py``). A dead env worker or generator replica is replaced (the driver's
 ``_Restarts``, which re-wires with :func:`wire` over the updated address book); a dead learner
 rank stops the run with a StageError, its checkpoint resumes it.
 

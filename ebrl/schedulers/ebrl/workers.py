@@ -20,6 +20,7 @@ from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
 import torch
@@ -34,9 +35,9 @@ from ebrl.runtime.dist import destroy, free_port, init_group
 from ebrl.runtime.slots import SlotSpec, open_slots
 from ebrl.runtime.weights import BoardSpec, WeightBoard, cast_address, open_board
 from ebrl.schedulers.base import UpdateBudget
+from ebrl.schedulers.ebrl.heartbeat import HeartbeatSender
 from ebrl.schedulers.ebrl.messages import (
     Applied,
-    Beat,
     Failed,
     Go,
     Hello,
@@ -124,6 +125,9 @@ class _Worker:
     """
 
     name = "worker"
+    #: who reacts to what: message type -> the name of the method that handles it (Stop, in
+    #: every worker, ends the loop: :meth:`_handle`)
+    handlers: ClassVar[dict[type, str]] = {}
     #: a worker's spans and gauges go to the driver at most this often (and when it stops)
     flush_every_s = 0.25
 
@@ -153,7 +157,7 @@ class _Worker:
         self.links = links
         self.slots = open_slots(plan.slots, inline=self.inline)
         self.driver = Outbox(links.driver, self.authkey)
-        beating = self._start_heartbeat(links.driver)
+        beat = HeartbeatSender(self.name, links.driver, self.authkey, plan.heartbeat_s).start()
         try:
             self._connect(links)
             self._loop()
@@ -165,33 +169,13 @@ class _Worker:
                 self.driver.send(Failed(self.name, f"{type(e).__name__}: {e}", tb))
             raise
         finally:
-            beating.set()
+            beat.stop()
             self.inbox.close()
             self.slots.close()
             self._close()
 
     def _close(self) -> None:
         """Release what the worker's own loop opened (boards, process groups)."""
-
-    def _start_heartbeat(self, driver: Address) -> threading.Event:
-        """A daemon thread with its own connection sends a Beat every ``plan.heartbeat_s``
-        until the returned event is set (or the driver is gone)."""
-        stop = threading.Event()
-        period = self.plan.heartbeat_s
-        if not period:
-            return stop
-
-        def beat() -> None:
-            try:
-                out = Outbox(driver, self.authkey)
-                while not stop.wait(period):
-                    out.send(Beat(self.name))
-                out.close()
-            except OSError:  # the driver is gone: nothing to tell
-                return
-
-        threading.Thread(target=beat, daemon=True, name=f"ebrl-beat-{self.name}").start()
-        return stop
 
     def flush(
         self,
@@ -212,6 +196,18 @@ class _Worker:
         self.driver.send(Telemetry(self.name, list(spans), g))
 
     def _connect(self, links: Links) -> None: ...
+
+    def _handle(self, msgs: list) -> bool:
+        """Hand each message to its handler in the class's :attr:`handlers`; True at a
+        :class:`Stop` (every loop leaves at it; what came after it is not handled). A message
+        no handler takes is dropped."""
+        for m in msgs:
+            if isinstance(m, Stop):
+                return True
+            name = self.handlers.get(type(m))
+            if name is not None:
+                getattr(self, name)(m)
+        return False
 
     def _check_version(self) -> None:
         """The staleness gate counts segments from ``plan.start_version``: a generator or learner
@@ -270,6 +266,12 @@ class EnvWorker(_Worker):
             (its envs reset from a stream of initial states of their own).
     """
 
+    handlers: ClassVar[dict[type, str]] = {
+        Go: "_queue",  # chunks to step (from the replica)
+        Rewire: "_rewire",  # the replica was replaced (driver)
+        Reshape: "_reshape",  # the run's new shape (driver)
+    }
+
     def __init__(
         self,
         index: int,
@@ -323,22 +325,15 @@ class EnvWorker(_Worker):
     def _ready(self, ids: np.ndarray, obs: np.ndarray) -> None:
         self._send_gen(Ready(ids, self.slots.put_obs(ids, obs)))
 
-    def _take(self, msgs: list, work: deque[Go]) -> bool:
-        """Queue new chunks, follow a rewire; True on Stop."""
-        for m in msgs:
-            if isinstance(m, Stop):
-                return True
-            if isinstance(m, Rewire):
-                self._rewire(m)
-            elif isinstance(m, Reshape):
-                self.step_level = m.step_level
-            elif isinstance(m, Go):
-                if m.epoch < self.epoch:  # sent by a dead replica: its envs were handed over
-                    self.dropped_chunks += len(m.env_ids)
-                    continue
-                work.append(m)
-                self.stepping.update(int(e) for e in m.env_ids)
-        return False
+    def _queue(self, m: Go) -> None:
+        if m.epoch < self.epoch:  # sent by a dead replica: its envs were handed over
+            self.dropped_chunks += len(m.env_ids)
+            return
+        self.work.append(m)
+        self.stepping.update(int(e) for e in m.env_ids)
+
+    def _reshape(self, m: Reshape) -> None:
+        self.step_level = m.step_level
 
     def _rewire(self, m: Rewire) -> None:
         """The replica died and was replaced: tell the new one where every env stands, then
@@ -374,10 +369,11 @@ class EnvWorker(_Worker):
             ids = np.array([e for e in group if e in mine], dtype=np.int64)
             if len(ids):
                 self._ready(ids, torch.stack([last_obs[int(e)] for e in ids]).numpy())
-        work: deque[Go] = deque()
+        work: deque[Go] = deque()  # chunks to step, in arrival order
+        self.work = work
         seg_index = self.first_segment
         while True:
-            if self._take(self.inbox.recv(timeout=0.0 if work else None), work):
+            if self._handle(self.inbox.recv(timeout=0.0 if work else None)):
                 return
             if not work:
                 continue
@@ -403,7 +399,7 @@ class EnvWorker(_Worker):
                     self.executed[int(e)] += 1
                     self.stepping.discard(int(e))
                 # level 3: take new work in as soon as it arrives
-                if self.step_level and self._take(self.inbox.recv(timeout=0.0), work):
+                if self.step_level and self._handle(self.inbox.recv(timeout=0.0)):
                     return
             while builder.ready():
                 seg = builder.pop()
@@ -433,6 +429,14 @@ class GenWorker(_Worker):
     """
 
     name = "gen"
+    handlers: ClassVar[dict[type, str]] = {
+        Ready: "_on_ready",  # observations to act on (env workers)
+        Hello: "_hello",  # an env worker (or its replacement) starts
+        Resync: "_resync",  # where a rewired env worker's envs stand
+        Weights: "_load",  # a new version (learner)
+        Reshape: "_reshape",  # the run's new shape (driver)
+        Resources: "apply_resources",  # threads, cores, batch size (driver)
+    }
     #: applies core moves {pid: cores}; tests replace it with a recorder
     rebinder = staticmethod(rebind_threads)
 
@@ -541,9 +545,28 @@ class GenWorker(_Worker):
             self.bound.update({w: c for w, c in want.items() if w in self.pids})
             self.rebinds += 1
 
-    def _replaced(self, m: Hello, decisions: np.ndarray, ready: OrderedDict, payload: dict) -> None:
+    def _hello(self, m: Hello) -> None:
+        if m.incarnation > self.incarnation[m.worker]:
+            self._replaced(m)
+        self.pids[m.worker] = m.pid
+
+    def _on_ready(self, m: Ready) -> None:
+        """Envs whose observation waits for an action (a chunk done, or handed over)."""
+        now = time.perf_counter()
+        for i, e in enumerate(m.env_ids.tolist()):
+            self.ready[e] = now
+            if m.payload is not None:
+                self.payload[e] = m.payload[i]
+            if e in self.fresh:  # handed over by a rewire
+                self.fresh.discard(e)
+            elif self.decisions[e] > 0:  # its chunk is done (not the first obs)
+                self.pending[self._owner[e]] -= 1
+        self._rebind()
+
+    def _replaced(self, m: Hello) -> None:
         """A replacement env worker: forget its predecessor's envs' state, count what was lost
         (decisions issued after the last segment the learner has of it), talk to the new one."""
+        decisions, ready, payload = self.decisions, self.ready, self.payload
         w = m.worker
         mine = np.array(self.plan.workers[w], dtype=np.int64)
         self.lost_decisions += int((decisions[mine] - m.first_decision).clip(min=0).sum())
@@ -558,13 +581,13 @@ class GenWorker(_Worker):
         self.incarnation[w] = m.incarnation
         self.gone.discard(w)
 
-    def _resync(self, m: Resync, decisions: np.ndarray) -> None:
+    def _resync(self, m: Resync) -> None:
         """A replacement replica learns where env worker ``m.worker``'s envs stand: the
         decisions they have taken (the staleness gate and the segments count from there), and
         which are still stepping a chunk; the others' Ready follows as a hand-over."""
         w = m.worker
         for e, n in m.decisions.items():
-            decisions[int(e)] = int(n)
+            self.decisions[int(e)] = int(n)
         self.pids[w] = m.pid
         self.pending[w] = len(m.stepping)
         stepping = set(m.stepping)
@@ -614,10 +637,12 @@ class GenWorker(_Worker):
 
     def _loop(self) -> None:
         plan, tl = self.plan, self.timeline
-        owner = plan.owner()
-        ready: OrderedDict[int, float] = OrderedDict()  # env id -> when it became ready
-        payload: dict[int, np.ndarray] = {}  # inline slots only
+        owner = self._owner
+        # env id -> when it became ready; its observation (inline slots only); decisions taken
+        ready: OrderedDict[int, float] = OrderedDict()
+        payload: dict[int, np.ndarray] = {}
         decisions = np.zeros(plan.slots.num_envs, dtype=np.int64)
+        self.ready, self.payload, self.decisions = ready, payload, decisions
         batches = sizes = depth = 0.0
         while True:
             self._account(ready, decisions)
@@ -630,32 +655,8 @@ class GenWorker(_Worker):
                         0.0, plan.batch_timeout_s - (time.perf_counter() - ready[eligible[0]])
                     )
                 msgs = self.inbox.recv(timeout=timeout if timeout is None else timeout + 1e-4)
-                for m in msgs:
-                    if isinstance(m, Stop):
-                        return
-                    if isinstance(m, Weights):
-                        self._load(m)
-                    elif isinstance(m, Hello):
-                        if m.incarnation > self.incarnation[m.worker]:
-                            self._replaced(m, decisions, ready, payload)
-                        self.pids[m.worker] = m.pid
-                    elif isinstance(m, Resync):
-                        self._resync(m, decisions)
-                    elif isinstance(m, Reshape):
-                        self._reshape(m)
-                    elif isinstance(m, Resources):
-                        self.apply_resources(m)
-                    elif isinstance(m, Ready):
-                        now = time.perf_counter()
-                        for i, e in enumerate(m.env_ids.tolist()):
-                            ready[e] = now
-                            if m.payload is not None:
-                                payload[e] = m.payload[i]
-                            if e in self.fresh:  # handed over by a rewire
-                                self.fresh.discard(e)
-                            elif decisions[e] > 0:  # its chunk is done (not the first obs)
-                                self.pending[owner[e]] -= 1
-                        self._rebind()
+                if self._handle(msgs):
+                    return
                 continue
             ids = np.array(batch, dtype=np.int64)
             depth += len(ready)
@@ -724,6 +725,13 @@ class LearnerWorker(_Worker):
     """
 
     name = "learner"
+    #: the leader's (the other ranks take segments from its broadcast, and None to stop)
+    handlers: ClassVar[dict[type, str]] = {
+        Part: "_part",  # an env worker's share of a segment
+        Lost: "_lost",  # an env worker died: which segment its replacement owes (driver)
+        Reconnect: "_reconnect",  # a replaced replica (driver)
+        Resources: "apply_resources",  # threads, cores (driver)
+    }
 
     def __init__(
         self,
@@ -854,42 +862,45 @@ class LearnerWorker(_Worker):
         if not board:
             self._sent_whole.add(r)
 
+    def _part(self, m: Part) -> None:
+        self.parts.setdefault(m.index, {})[m.worker] = m
+
+    def _lost(self, m: Lost) -> None:
+        """Its replacement starts at the first segment the leader misses its part of."""
+        owed = self.segment
+        while m.worker in self.parts.get(owed, {}):
+            owed += 1
+        self.driver.send(Owed(m.worker, owed))
+
+    def _reconnect(self, m: Reconnect) -> None:
+        """A replaced replica: the weights now, the whole state (a new process)."""
+        with contextlib.suppress(OSError):
+            if (old := self.gens[m.replica][0]) is not None:
+                old.close()
+        self.gens[m.replica] = (Outbox(m.address, self.authkey), m.via_board)
+        self._sent_whole.discard(m.replica)
+        self._send_weights(m.replica, {})
+
     def _lead(self) -> None:
         plan, tl = self.plan, self.timeline
         n_workers = len(plan.workers)
+        # segment index -> env worker -> its part; the next segment to train
         parts: dict[int, dict[int, Part]] = {}
-        index = 0
+        self.parts, self.segment = parts, 0
         self.publish_s = 0.0
         while True:
-            for m in self.inbox.recv(timeout=None):
-                if isinstance(m, Stop):
-                    self._hand_on(None)  # the other ranks leave their loop too
-                    return
-                if isinstance(m, Part):
-                    parts.setdefault(m.index, {})[m.worker] = m
-                elif isinstance(m, Lost):  # its replacement starts at the first part missing
-                    owed = index
-                    while m.worker in parts.get(owed, {}):
-                        owed += 1
-                    self.driver.send(Owed(m.worker, owed))
-                elif isinstance(m, Reconnect):  # a replaced replica: the weights now
-                    with contextlib.suppress(OSError):
-                        if (old := self.gens[m.replica][0]) is not None:
-                            old.close()
-                    self.gens[m.replica] = (Outbox(m.address, self.authkey), m.via_board)
-                    self._sent_whole.discard(m.replica)  # a new process: the whole state
-                    self._send_weights(m.replica, {})
-                elif isinstance(m, Resources):
-                    self.apply_resources(m)
-            while len(parts.get(index, {})) == n_workers and not plan.budget.spent(
+            if self._handle(self.inbox.recv(timeout=None)):
+                self._hand_on(None)  # the other ranks leave their loop too
+                return
+            while len(parts.get(self.segment, {})) == n_workers and not plan.budget.spent(
                 self.stage.version, self.stage.trained_env_steps
             ):
-                got = parts.pop(index)
+                got = parts.pop(self.segment)
                 seg = Segment.cat_envs([got[w].segment for w in range(n_workers)])
                 stale = int((self.stage.version - seg.policy_version).max())
                 if stale > plan.staleness:
                     raise StalenessError(
-                        f"segment {index} holds data {stale} versions old; "
+                        f"segment {self.segment} holds data {stale} versions old; "
                         f"the bound is {plan.staleness}"
                     )
                 t0 = time.perf_counter()
@@ -902,12 +913,12 @@ class LearnerWorker(_Worker):
                     t_len * n_envs / max(time.perf_counter() - t0, 1e-9)
                 )
                 self._publish()
-                metrics["pipeline/weights_publish_s"] = self.publish_s / (index + 1)
+                metrics["pipeline/weights_publish_s"] = self.publish_s / (self.segment + 1)
                 if self.board is not None:
                     metrics.update(self.board.cast_metrics())
                 if self.dp is not None:  # the ranks' backend: 1 NCCL, 0 gloo
                     metrics["train/dist_nccl"] = float(self.dp.backend == "nccl")
                 metrics.update(EpisodeStats.merge([got[w].episodes for w in range(n_workers)]))
-                self.driver.send(Report(index, seg.num_steps, metrics))
+                self.driver.send(Report(self.segment, seg.num_steps, metrics))
                 self.flush(force=True)
-                index += 1
+                self.segment += 1
