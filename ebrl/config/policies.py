@@ -38,6 +38,7 @@ class RLinfPolicyNode:
     """
 
     _target_: str = "ebrl.policies.rlinf_policy.RLinfPolicy"
+    #: the option's name, as messages name it
     name: str = "rlinf"
     #: RLinf's model type (actor.model.model_type)
     model_type: str = MISSING
@@ -45,7 +46,9 @@ class RLinfPolicyNode:
     model_cfg: dict[str, Any] = field(default_factory=dict)
     #: another get_model (a dotted path; the tests' CPU fake); None: RLinf's
     registry: str | None = None
+    #: the package it needs (import name)
     package: str = "rlinf"
+    #: how to get ``package`` (in the message that asks for it)
     install: str = RLINF_INSTALL
     #: what it reads from the simulator (check_contract); empty: the flat state
     reads: PolicyReads = field(default_factory=PolicyReads)
@@ -54,8 +57,11 @@ class RLinfPolicyNode:
 @dataclass
 class MLPPolicyNode:
     _target_: str = "ebrl.policies.mlp.MLPPolicy"
+    #: width of each hidden layer
     hidden: int = 256
+    #: hidden layers per network (actor and critic)
     layers: int = 3
+    #: initial log standard deviation of every action dimension
     log_std_init: float = -0.5
 
 
@@ -68,7 +74,9 @@ class ModelSize(StrEnum):
 @dataclass
 class TransformerPolicyNode:
     _target_: str = "ebrl.policies.transformer.TransformerPolicy"
+    #: S, M or L (width, depth, heads: ebrl.policies.transformer.SIZES)
     size: ModelSize = ModelSize.S
+    #: initial log standard deviation of every action dimension
     log_std_init: float = -0.5
 
 
@@ -82,18 +90,23 @@ class VLAPolicyNode(RLinfPolicyNode):
     a GPU, without its package, or without its checkpoint in a local directory.
     """
 
+    #: the option's name, as messages name it
     name: str = MISSING
+    #: what it is, in a line
     description: str = ""
     #: parameters, billions
     params_b: float = MISSING
     #: actions the env executes per policy call (RLinf's num_action_chunks); set chunk_size to it
     action_chunk: int = MISSING
+    #: actions per step it outputs
     action_dim: int = 7
     #: camera images' side, pixels (what its checkpoint was trained on)
     image_size: int = 224
+    #: runs only on an NVIDIA GPU
     requires_gpu: bool = True
     #: device memory one GPU needs to train it (8-way FSDP, bf16), GiB; an estimate
     min_gpu_memory_gib: float = 24.0
+    #: the package its model code needs (import name)
     package: str = MISSING
     #: RLinf's model config file for it (examples/embodiment/config/model/<this>.yaml), which
     #: baselines/rlinf/translate.py names

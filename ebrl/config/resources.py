@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import TYPE_CHECKING
 
+from ebrl.config.base import _check
 from ebrl.hardware import MachineFacts
 
 if TYPE_CHECKING:
@@ -51,17 +52,21 @@ class ResourcesNode:
     pin: bool = False
     #: CPU cores of simulation, generation, training (None: the resource manager decides)
     sim_cores: int | None = None
+    #: CPU cores of generation (None: the resource manager decides)
     gen_cores: int | None = None
+    #: CPU cores of training (None: the resource manager decides)
     train_cores: int | None = None
     #: torch intra-op threads of the generator and the learner (unpinned elastic: their sum is
     #: the thread budget Algorithm 1 splits)
     gen_threads: int = 1
+    #: torch intra-op threads of the learner
     train_threads: int = 2
     #: generator batch size, M of "first M of N" (None: scheduler.batch_min; elastic: chosen)
     gen_batch: int | None = None
     #: GPU SM quota, percent, of generation and training (an MPS cap; None: the role's GPU
     #: share, scheduler.gen_gpus / learner_gpus; ebrl/resources/sharing.py)
     gen_sm_pct: int | None = None
+    #: GPU SM quota of training, percent (None: the learner's GPU share)
     train_sm_pct: int | None = None
     #: static: keep the split; elastic: Algorithm 1 re-balances it at run time
     allocator: AllocatorKind = AllocatorKind.static
@@ -73,6 +78,22 @@ class ResourcesNode:
     #: elastic: a stored profile (ebrl.resources.profiler.Profile JSON, threads) to allocate
     #: from (None: profile the run's policy at start and save it in the run folder)
     profile: str | None = None
+
+    def __post_init__(self) -> None:
+        for key in ("sim_cores", "gen_cores", "train_cores"):
+            v = getattr(self, key)
+            _check(v is None or v >= 1, f"resources.{key}={v}: must be >= 1 (or null)")
+        _check(
+            self.gen_threads >= 1 and self.train_threads >= 1, "resources.*_threads must be >= 1"
+        )
+        for key in ("gen_sm_pct", "train_sm_pct"):
+            v = getattr(self, key)
+            _check(v is None or 1 <= v <= 100, f"resources.{key}={v}: must be 1..100 (or null)")
+        _check(0 < self.rebalance_threshold < 1, "resources.rebalance_threshold must be in (0, 1)")
+        _check(
+            self.rebalance_patience is None or self.rebalance_patience >= 1,
+            "resources.rebalance_patience must be >= 1 (or null: scaled to the run)",
+        )
 
 
 class LauncherKind(StrEnum):
@@ -106,18 +127,25 @@ class LauncherNode:
     """Where a sweep's jobs run (``conf/launcher/``); its values reach ``hydra.launcher`` (the
     hydra-submitit-launcher keys) by interpolation, so one place holds them."""
 
+    #: local: one job after another in this process; submitit_local: Submitit's local jobs; slurm
     kind: LauncherKind = LauncherKind.local
     #: Slurm partition, account and QoS (site-specific)
     partition: str | None = None
+    #: Slurm account (sbatch --account)
     account: str | None = None
+    #: Slurm QoS (sbatch --qos)
     qos: str | None = None
     #: wall-clock limit of one job, minutes
     time_min: int = 60
+    #: nodes per job
     nodes: int = 1
+    #: tasks per node
     tasks_per_node: int = 1
     #: GPUs per node (0: a CPU job)
     gpus_per_node: int = 0
+    #: CPU cores per task (None: Slurm's default)
     cpus_per_task: int | None = None
+    #: memory per node, GB (None: Slurm's default)
     mem_gb: int | None = None
     #: node feature (sbatch --constraint); launcher=slurm takes it from the gpu group
     constraint: str | None = None
@@ -135,6 +163,15 @@ class LauncherNode:
     exclusive: bool = False
     #: shell lines the sbatch script runs first (module load, source .venv/bin/activate)
     setup: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        _check(self.time_min >= 1, f"launcher.time_min={self.time_min}: must be >= 1 minute")
+        _check(
+            self.nodes >= 1 and self.tasks_per_node >= 1,
+            "launcher.nodes/tasks_per_node must be >= 1",
+        )
+        _check(self.array_parallelism >= 1, "launcher.array_parallelism must be >= 1")
+        _check(self.max_requeues >= 0, "launcher.max_requeues must be >= 0")
 
 
 def target_machine(run: RunConfig) -> MachineFacts:

@@ -7,7 +7,7 @@ from typing import Any
 
 from omegaconf import MISSING
 
-from ebrl.config.base import ConfigError
+from ebrl.config.base import ConfigError, _check
 from ebrl.config.resources import GPUNode, LauncherNode, ResourcesNode, ScaleConfig
 
 
@@ -20,6 +20,9 @@ class BudgetConfig:
     #: and/or after this many updates (None: no limit)
     iterations: int | None = None
 
+    def __post_init__(self) -> None:
+        _check(self.env_steps > 0, "budget.env_steps must be > 0")
+
 
 @dataclass
 class ThreadsConfig:
@@ -28,6 +31,9 @@ class ThreadsConfig:
     #: torch intra-op threads of the learner (scheduler=ebrl's shape search: the most each
     #: stage may get, with the static unpinned split)
     train: int = 2
+
+    def __post_init__(self) -> None:
+        _check(self.gen >= 1 and self.train >= 1, "threads.gen/train must be >= 1")
 
 
 @dataclass
@@ -50,11 +56,13 @@ class TrackingConfig:
     #: CPU-only machine, where the sampler would take time from a timing run's few cores;
     #: ``true`` / ``false`` force it
     system_metrics: str = "auto"
+    #: seconds between two samples of the system metrics
     system_metrics_interval_s: float = 10.0
     #: sample every CPU core this job may use and every visible GPU (utilisation, SM occupancy
     #: where the driver exposes it, memory) every ``utilisation_interval_s`` into the run
     #: folder's ``utilisation.csv`` (``ebrl.utilisation``; the motivation figure reads it)
     utilisation: bool = False
+    #: seconds between two samples of utilisation.csv
     utilisation_interval_s: float = 0.2
 
     def __post_init__(self) -> None:
@@ -96,6 +104,14 @@ class InjectConfig:
     #: torch threads, so more threads make them faster, as they do the real update
     train_extra_epochs: int = 0
 
+    def __post_init__(self) -> None:
+        _check(
+            self.train_extra_epochs >= 0
+            and (self.train_after_updates is None or self.train_after_updates >= 0),
+            f"inject.train_extra_epochs={self.train_extra_epochs} and inject.train_after_updates="
+            f"{self.train_after_updates}: must be >= 0",
+        )
+
 
 @dataclass
 class EvalConfig:
@@ -109,24 +125,50 @@ class EvalConfig:
     #: evaluate each on ``curve_episodes`` episodes (logged as eval/success_rate at the env step
     #: and wall-clock of that update); 0: no curve
     every_iters: int = 0
+    #: episodes per point of the learning curve
     curve_episodes: int = 24
+
+    def __post_init__(self) -> None:
+        _check(
+            self.episodes >= 0 and self.num_envs >= 1 and self.every_iters >= 0,
+            f"eval.episodes={self.episodes}, eval.num_envs={self.num_envs}, "
+            f"eval.every_iters={self.every_iters}: need episodes >= 0, num_envs >= 1 and "
+            "every_iters >= 0",
+        )
+        _check(
+            self.every_iters == 0 or self.curve_episodes >= 1,
+            f"eval.curve_episodes={self.curve_episodes}: a curve needs at least 1 episode per "
+            "point (or set eval.every_iters=0)",
+        )
 
 
 @dataclass
 class RunConfig:
+    #: the simulator group's option (conf/simulator/)
     simulator: Any = MISSING
+    #: the policy group's option (conf/policy/)
     policy: Any = MISSING
+    #: the algo group's option (conf/algo/)
     algo: Any = MISSING
+    #: the scheduler group's option (conf/scheduler/)
     scheduler: Any = MISSING
+    #: when the run stops
     budget: BudgetConfig = field(default_factory=BudgetConfig)
+    #: torch threads of the generator and the learner
     threads: ThreadsConfig = field(default_factory=ThreadsConfig)
+    #: MLflow logging and utilisation sampling
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    #: saving the learner, and resuming a run
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    #: evaluation after the run, and the learning curve
     eval: EvalConfig = field(default_factory=EvalConfig)
+    #: synthetic extra load on the learner (off by default)
     inject: InjectConfig = field(default_factory=InjectConfig)
-    #: issue 6: accelerator type, stage resource split, where jobs run
+    #: the accelerator type (conf/gpu/)
     gpu: GPUNode = field(default_factory=GPUNode)
+    #: how cores, threads and SMs are split between stages (conf/resources/)
     resources: ResourcesNode = field(default_factory=ResourcesNode)
+    #: where a sweep's jobs run (conf/launcher/)
     launcher: LauncherNode = field(default_factory=LauncherNode)
     #: the roles at scale (replicas, learner ranks, GPU shares) for ebrl / hybrid / async
     scale: ScaleConfig = field(default_factory=ScaleConfig)
@@ -152,6 +194,27 @@ class RunConfig:
     #: ebrl.sft.libero clone``, or a run's checkpoint.pt): a fresh run, its version, optimiser
     #: and counters new (``checkpoint.resume`` continues a run instead). None: a fresh policy
     init_checkpoint: str | None = None
+
+    def __post_init__(self) -> None:
+        # the run's own values; the checks that need two groups are ebrl.config.checks'
+        _check(self.num_envs >= 1, f"num_envs={self.num_envs}: need at least 1 env")
+        _check(
+            1 <= self.env_groups <= self.num_envs,
+            f"env_groups={self.env_groups}: must be between 1 and num_envs={self.num_envs}",
+        )
+        _check(self.chunk_size >= 1, f"chunk_size={self.chunk_size}: must be >= 1")
+        _check(
+            self.rollout_steps >= self.chunk_size,
+            f"rollout_steps={self.rollout_steps} < chunk_size={self.chunk_size}: "
+            "an iteration needs at least one decision per env",
+        )
+        _check(self.warmup_iters >= 0, "warmup_iters must be >= 0")
+        _check(
+            self.eval.episodes == 0 or self.checkpoint.every_iters == 1,
+            f"eval.episodes={self.eval.episodes} evaluates the learner's last checkpoint, but "
+            f"checkpoint.every_iters={self.checkpoint.every_iters} would leave it behind the final "
+            "weights: set checkpoint.every_iters=1 or eval.episodes=0",
+        )
 
     @property
     def decisions_per_env(self) -> int:

@@ -47,14 +47,21 @@ class ManiSkillSim:
     ``camera_size``, the robot's state and a camera (:class:`ebrl.envs.maniskill.ManiSkillEnv`)."""
 
     _target_: str = "ebrl.envs.maniskill.ManiSkillEnv"
+    #: the ManiSkill3 task id (PushCube-v1, PickCube-v1, ...)
     task: str = "PushCube-v1"
+    #: ManiSkill's controller (pd_joint_delta_pos, pd_ee_delta_pose, ...)
     control_mode: str = "pd_joint_delta_pos"
+    #: time limit; the step reaching it truncates the episode
     max_episode_steps: int = 50
+    #: ManiSkill's reward: normalized_dense, dense or sparse
     reward_mode: str = "normalized_dense"
     #: 0: ManiSkill's full state; s: the robot's state and the task's camera at s x s pixels
     camera_size: int = 0
     #: the task's instruction with a camera ("": ebrl's for the known tasks)
     instruction: str = ""
+
+    def __post_init__(self) -> None:
+        check_maniskill(self)
 
     def gives(self) -> SimGives:
         """With a camera, the robot's state (its size by robot) and ``main_images``, with the
@@ -130,6 +137,9 @@ class LiberoSim:
     #: offscreen renderer of the cameras: egl (Mesa llvmpipe on CPU) or osmesa
     render_backend: RenderBackend = RenderBackend.egl
 
+    def __post_init__(self) -> None:
+        check_libero(self)
+
     def gives(self) -> SimGives:
         """Per ``obs_mode`` and ``obs_layout`` (the adapter's own declaration, ebrl.envs.libero)."""
         from ebrl.envs import libero
@@ -190,11 +200,13 @@ class RLinfSim:
     """
 
     _target_: str = "ebrl.envs.rlinf_env.RLinfEnv"
+    #: the option's name, as messages name it
     name: str = "rlinf"
     #: RLinf's env type (env.train.env_type): maniskill, libero, robocasa, ...
     env_type: str = MISSING
     #: RLinf's env config for it (env.train of an RLinf run), as RLinf's class reads it
     env_cfg: dict[str, Any] = field(default_factory=dict)
+    #: time limit of an episode, env steps
     max_episode_steps: int = 50
     #: the observation entry that is the flat state
     obs_key: str = "states"
@@ -202,7 +214,9 @@ class RLinfSim:
     action_dim: int | None = None
     #: the flat state's size, where RLinf's config fixes it (null: known once built)
     state_dim: int | None = None
+    #: the action box's lower bound (actions are clipped to it)
     action_low: float = -1.0
+    #: the action box's upper bound
     action_high: float = 1.0
     #: another get_env_cls (a dotted path; the tests' CPU fake); None: RLinf's
     registry: str | None = None
@@ -214,21 +228,43 @@ class RLinfSim:
     step_mode: str = "step"
     #: the package it needs (import name), and how to get it
     package: str = "rlinf"
+    #: how to get ``package`` (in the message that asks for it)
     install: str = RLINF_INSTALL
     #: the simulator RLinf's class wraps (import name; None: none beyond RLinf's own), and how
     #: to install it in the interpreter that runs RLinf
     sim_package: str | None = None
+    #: how to install ``sim_package``
     sim_install: str = ""
+    #: what it is, in a line
     description: str = ""
+    #: its task, as the run's summary names it
     task: str = ""
     #: environment variables it needs, and the assets it reads ("{package}": sim_package's
     #: folder), with how to get them
     env_vars: list[str] = field(default_factory=list)
+    #: a path its assets must be at (None: none)
     assets: str | None = None
+    #: how to get the environment variables and the assets
     assets_install: str = ""
     #: needs a GPU (renderer or GPU physics), and one with RT cores (Isaac Sim)
     requires_gpu: bool = False
+    #: needs a GPU with RT cores (Isaac Sim)
     requires_rt_cores: bool = False
+
+    def __post_init__(self) -> None:
+        _check(
+            self.max_episode_steps >= 1,
+            f"simulator.max_episode_steps={self.max_episode_steps}: must be >= 1",
+        )
+        _check(
+            self.step_mode in ("step", "chunk"),
+            f"simulator.step_mode={self.step_mode!r}: choose step or chunk",
+        )
+        _check(
+            self.step_mode == "step" or self.vectorized,
+            "simulator.step_mode=chunk steps a whole instance with RLinf's chunk_step: set "
+            "simulator.vectorized=true too (or step_mode=step)",
+        )
 
     def gives(self) -> SimGives:
         """The flat state (``obs_key``) only: ebrl's adapter of RLinf's envs
@@ -256,17 +292,29 @@ class SyntheticSim:
     """Synthetic point-mass task whose only purpose is a controllable per-step cost."""
 
     _target_: str = "ebrl.envs.synthetic.SyntheticCostEnv"
+    #: mean wall-clock milliseconds per step
     step_cost_ms: float = 1.2
+    #: P99 / mean of the step cost (1.5 was measured for ManiSkill on CPU)
     tail_ratio: float = 1.5
+    #: burn: busy-wait on a CPU core; sleep: sleep
     cost_mode: CostMode = CostMode.burn
+    #: dimensions of the point mass (the state is 3 x dim values)
     dim: int = 4
+    #: episode length at episode 0
     episode_steps_start: int = 50
+    #: episode length after shrink_episodes episodes
     episode_steps_end: int = 50
+    #: episodes over which the length moves from start to end (0: no shrink)
     shrink_episodes: int = 0
     #: injected slowdown: each env's step cost is multiplied by slowdown_factor once it has
     #: taken this many steps (None: never)
     slowdown_after_steps: int | None = None
+    #: multiplier on the step cost once slowdown_after_steps is reached
     slowdown_factor: float = 1.0
+
+    def __post_init__(self) -> None:
+        _check(self.step_cost_ms >= 0, "simulator.step_cost_ms must be >= 0")
+        _check(self.tail_ratio >= 1.0, "simulator.tail_ratio (P99/mean) must be >= 1")
 
     def gives(self) -> SimGives:
         """A point mass's state (3 x dim values), no camera, no instruction."""
@@ -280,13 +328,21 @@ class CountingSim:
     """Deterministic fake env for tests (``ebrl.envs.fake.CountingEnv``)."""
 
     _target_: str = "ebrl.envs.fake.CountingEnv"
+    #: steps per episode (None: 3 + env id % 4, so envs end at different times)
     episode_len: int | None = None
+    #: time limit; truncates longer episodes (None: no limit)
     max_steps: int | None = None
+    #: observation size (>= 4)
     obs_dim: int = 4
+    #: action size (>= 1)
     action_dim: int = 2
+    #: seconds slept per step, to give schedulers something to overlap
     delay_s: float = 0.0
+    #: plus a seeded uniform [0, delay_jitter_s) per step
     delay_jitter_s: float = 0.0
+    #: fail on this step of the env's life, to test failures (None: never)
     fail_after_steps: int | None = None
+    #: raise: a RuntimeError; exit: the whole process (a dead worker)
     fail_mode: str = "raise"
     #: a task one-hot over this many tasks after the state (0: none)
     tasks: int = 0

@@ -12,6 +12,7 @@ from omegaconf import OmegaConf
 
 from ebrl.config.algos import GRPONode, PPONode
 from ebrl.config.base import ConfigError
+from ebrl.config.help import help_resolver
 from ebrl.config.policies import (
     MLPPolicyNode,
     RLinfPolicyNode,
@@ -90,6 +91,7 @@ def register() -> None:
     OmegaConf.register_new_resolver("ebrl.none_if_zero", _none_if_zero, replace=True)
     OmegaConf.register_new_resolver("ebrl.libero_max_steps", _libero_max_steps, replace=True)
     OmegaConf.register_new_resolver("ebrl.checkpoint", _checkpoint_dir, replace=True)
+    OmegaConf.register_new_resolver("ebrl.help", help_resolver, replace=True)
 
 
 def schemas() -> list[tuple[str, str, type]]:
