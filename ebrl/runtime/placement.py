@@ -277,8 +277,11 @@ class NodeGroups:
     nodes declare (``ray start --resources '{"rtx": 1}'``; a Slurm task's ``slurm_task_<i>``),
     or a Ray label (the key ``rtx``, or ``key=value``) where the cluster's Ray sets labels."""
 
+    #: the env workers' node group (None: any node)
     sim: str | None = None
+    #: the generator replicas' node group (None: any node)
     gen: str | None = None
+    #: the learner ranks' node group (None: any node)
     learner: str | None = None
 
 
@@ -288,6 +291,7 @@ class PlacementConfig:
     nodes of group ``rtx`` (:class:`NodeGroups`, :func:`in_group`); checked against the
     cluster before any worker starts (:func:`check_groups`)."""
 
+    #: the node group of each role (placement.groups.sim=rtx)
     groups: NodeGroups = field(default_factory=NodeGroups)
 
 
