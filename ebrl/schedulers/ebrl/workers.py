@@ -32,6 +32,7 @@ from ebrl.resources.model import pick
 from ebrl.rollout import EpisodeStats, SegmentBuilder
 from ebrl.runtime.channel import Address, Inbox, Outbox, node_ip
 from ebrl.runtime.dist import destroy, free_port, init_group
+from ebrl.runtime.placement import pin_planned_gpus
 from ebrl.runtime.slots import SlotSpec, open_slots
 from ebrl.runtime.weights import BoardSpec, WeightBoard, cast_address, open_board
 from ebrl.schedulers.base import UpdateBudget
@@ -132,6 +133,7 @@ class _Worker:
     flush_every_s = 0.25
 
     def __init__(self, factory: StageFactory, authkey: bytes, driver_host: str) -> None:
+        pin_planned_gpus()  # before anything starts CUDA: the GPU the placement planned
         self.factory = factory
         self.authkey = authkey
         self.driver_host = driver_host
@@ -764,7 +766,9 @@ class LearnerWorker(_Worker):
         address = self._open_inbox()
         dist = None
         if self.rank == 0 and self.world > 1:
-            dist = (address[0], free_port(address[0]))  # where the other ranks reach it
+            # where the other ranks reach it: this node's address as other nodes see it (the
+            # inbox of a leader on the driver's machine advertises 127.0.0.1)
+            dist = cast_address() or (address[0], free_port(address[0]))
         if self.use_board:
             # named for the driver's pid (its orphan watchdog sweeps it) when on its machine
             owner = os.getpid() if self.inline else self.owner_pid
