@@ -6,7 +6,8 @@
 # simulator on the cores (`python -m ebrl.launch gpu_regime`, conf/sweep/gpu_regime.yaml), with
 # EBRL / strongest baseline and its interval, the MPS daemon's clients and each GPU role's quota
 # while the runs go, and the placement table; (c) a measured stage profile of the same workload
-# (python -m ebrl.plan.measure) and the planner's error against those runs.
+# (python -m ebrl.plan.measure) and the planner's error against those runs; (c2) EBRL with its SM
+# quotas unpinned: Algorithm 1's split from that profile, and its re-splits where the stages drift.
 #
 #   scripts/gpu_check.sh                 on a GPU machine (make gpu-check)
 #   GPU_CHECK_DRY=1 scripts/gpu_check.sh on a CPU: every phase, the policy and budgets shrunk
@@ -84,7 +85,7 @@ TRACK=(tracking.enabled=false)
 
 if [ "$DRY" = "1" ]; then
   MODE=cpu-dry SWEEP=gpu_regime_cpu EXPERIMENT=gpu_regime_cpu GPU=cpu DEVICE=cpu LEVELS=1,2
-  BATCHES=2,4 T_TESTS=60 T_REGIME=900 T_MPS=300 T_PROFILE=300
+  BATCHES=2,4 T_TESTS=60 T_REGIME=900 T_MPS=300 T_PROFILE=300 T_SPLIT=300
   # the fake GPU layer: one H100 seen by NVML, a fake MPS control daemon on PATH (tests/)
   mkdir -p "$WORK/fake/nvml" "$WORK/fake/bin"
   "$PY" - "$WORK/fake" <<'EOF'
@@ -100,9 +101,10 @@ EOF
     FAKE_NVML_GPUS="NVIDIA H100 80GB HBM3" FAKE_MPS_LOG="$WORK/fake/mps.log")
 else
   # ~20 s of set-up, then 110 + 250 + 55 + 15 + 10 = 440 s: 460 s, under 8 min with the call's
-  # own start. The regime's runs take ~20 s (sync, Colocated) to ~35 s (Ray) each on 16 cores
+  # own start. The regime's runs take ~20 s (sync, Colocated) to ~35 s (Ray) each on 16 cores.
+  # The Algorithm 1 run (3c) takes what the others leave, at most 60 s (under 30 s: skipped, said)
   MODE=gpu SWEEP=gpu_regime EXPERIMENT=gpu_regime DEVICE=cuda LEVELS=0.5,1 BATCHES=8,16
-  T_TESTS=${TESTS_TIMEOUT:-110} T_REGIME=250 T_MPS=0 T_PROFILE=55
+  T_TESTS=${TESTS_TIMEOUT:-110} T_REGIME=250 T_MPS=0 T_PROFILE=55 T_SPLIT=60
   FAKE_ENV=()
   GPU=""
   if command -v nvidia-smi >/dev/null; then
@@ -193,6 +195,37 @@ if [ -n "$GPU" ]; then
   fi
 fi
 
+# --- 3c. Algorithm 1 on the GPU: the split chosen from the measured profile, re-split on drift ------
+# EBRL with its SM quotas unpinned and resources.gpu_profile the profile just measured: Algorithm
+# 1 chooses the starting split (MLflow param gpu/split=algorithm1, the run's log) and re-splits
+# it where the stages drift (the log's "GPU re-split" lines, gpu_resplits.jsonl); the run says
+# which happened
+# (dry: the fake GPU layer, the planner's shipped GPU profile, the stages on the cores)
+if [ "$DRY" = "1" ]; then
+  SPLIT=(gpu=h100 scale.gen_gpus=0.5 scale.learner_gpus=0.5 scheduler.device=cpu
+    resources.gpu_profile=conf/plan/example_gpu_profile.json budget.iterations=6)
+else
+  SPLIT=("gpu=$GPU" "resources.gpu_profile=$OUT/profile.json" budget.iterations=12)
+fi
+if [ -n "$GPU" ] && [ -f "$OUT/profile.json" ]; then
+  t=$(budget "$T_SPLIT"); phase "3c. Algorithm 1 from the measured profile: EBRL, SM quotas unpinned" "$t"
+  if [ "$t" -ge 30 ]; then
+    env "${FAKE_ENV[@]}" timeout -k 10 "$t" "$PY" -m ebrl.train "+experiment=$EXPERIMENT" \
+      scheduler=ebrl seed=0 resources.gen_sm_pct=null resources.train_sm_pct=null \
+      "${SPLIT[@]}" "${TRACK[@]}" \
+      "hydra.run.dir=$WORK/resplit" >"$WORK/resplit.log" 2>&1 \
+      || { echo "the Algorithm 1 run: failed or over $t s (runs.tar.gz: resplit.log)"; status=1; }
+    grep -hE "Algorithm 1|GPU re-split|SM split|quota" "$WORK/resplit.log" | tail -8
+    if [ -s "$WORK/resplit/gpu_resplits.jsonl" ]; then
+      echo "re-splits (gpu_resplits.jsonl):"; cat "$WORK/resplit/gpu_resplits.jsonl"
+    else
+      echo "no re-split in this run: the stages kept within the drift threshold of the profile"
+    fi
+  else
+    missing+=("the Algorithm 1 run: $t s left of the budget")
+  fi
+fi
+
 # --- 4. the report ----------------------------------------------------------------------------------
 phase "4. report: EBRL / strongest baseline, the planner's error" "$(budget 10)"
 if [ -d "$REGIME" ]; then
@@ -202,9 +235,10 @@ fi
 [ -f "$WORK/mps_clients.txt" ] && cp "$WORK/mps_clients.txt" "$OUT/"
 # each run's small files (no checkpoints, no timelines: they would not come back)
 (cd "$WORK" && find . \( -name summary.json -o -name config.yaml -o -name placement.txt \
-  -o -name gpu_env.jsonl -o -name train.log -o -name shape.json -o -name resources.json \) \
+  -o -name gpu_env.jsonl -o -name train.log -o -name shape.json -o -name resources.json \
+  -o -name gpu_resplits.jsonl \) \
   -not -path "./site/*" -print0 | tar -czf "$OUT/runs.tar.gz" --null -T - \
-  $(ls regime.log mps.log tests.log 2>/dev/null)) || status=1
+  $(ls regime.log mps.log tests.log resplit.log 2>/dev/null)) || status=1
 
 echo; echo "=== not carried or not run:"
 if [ "${#missing[@]}" -eq 0 ]; then echo "  nothing"; fi
