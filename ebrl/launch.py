@@ -157,7 +157,7 @@ class Fetch:
 
 
 @dataclass
-class Plan:
+class SweepPlan:
     """What a sweep would run: its arrays and the jobs that fail validation."""
 
     sweep: str
@@ -395,7 +395,7 @@ def _cluster_note(lau: dict[str, Any], sched: dict[str, Any]) -> str:
     return f"; {note}" if note else ""
 
 
-def plan(sweep: str, overrides: list[str], out: str | None = None) -> Plan:
+def plan(sweep: str, overrides: list[str], out: str | None = None) -> SweepPlan:
     """Expand, compose and validate every job of ``sweep``; group the jobs into arrays."""
     register()
     base, job_lists = expand(sweep, overrides)
@@ -433,7 +433,7 @@ def plan(sweep: str, overrides: list[str], out: str | None = None) -> Plan:
         if roles is not None:
             role_lines[i] = roles
     out_dir = str(Path(out or default_out).resolve())
-    result = Plan(
+    result = SweepPlan(
         sweep,
         list(overrides),
         out_dir,
@@ -584,7 +584,7 @@ def _stand_in_checkpoints(
     return tuple(missing), machine
 
 
-def prepare_stores(p: Plan) -> None:
+def prepare_stores(p: SweepPlan) -> None:
     """Create each MLflow store and experiment before jobs start side by side: the first writers
     of an empty sqlite store race on its schema migration, and two creators of one experiment
     collide."""
@@ -601,7 +601,7 @@ def prepare_stores(p: Plan) -> None:
             client.create_experiment(experiment, artifact_location=artifact_root)
 
 
-def _label(p: Plan) -> None:
+def _label(p: SweepPlan) -> None:
     """Name each array by what sets it apart; refuse arrays that are not a grid of the axes
     (:func:`axes_of` gives Hydra each array as a grid)."""
     values: dict[str, list[str]] = {}
@@ -632,7 +632,7 @@ def _label(p: Plan) -> None:
 
 
 # --- output -----------------------------------------------------------------------------------
-def _array_out(p: Plan, a: JobArray) -> str:
+def _array_out(p: SweepPlan, a: JobArray) -> str:
     return p.out if len(p.arrays) == 1 else f"{p.out}/{a.slug()}"
 
 
@@ -649,7 +649,7 @@ def axes_of(a: JobArray) -> list[str]:
     return [f"{k}={','.join(v)}" for k, v in values.items()]
 
 
-def hydra_command(p: Plan, a: JobArray, parent: str | None = None) -> list[str]:
+def hydra_command(p: SweepPlan, a: JobArray, parent: str | None = None) -> list[str]:
     """The Hydra multirun that runs (or submits) array ``a``; with ``parent``, every job's MLflow
     run is a child of that run (the sweep's: :func:`start_sweep_runs`).
 
@@ -673,7 +673,7 @@ def hydra_command(p: Plan, a: JobArray, parent: str | None = None) -> list[str]:
     ]
 
 
-def describe(p: Plan, *, dry_run: bool) -> str:
+def describe(p: SweepPlan, *, dry_run: bool) -> str:
     """A human-readable account of the plan."""
     n_slurm = sum(a.launcher == LauncherKind.slurm for a in p.arrays)
     lines = [
@@ -740,7 +740,7 @@ def describe(p: Plan, *, dry_run: bool) -> str:
     return "\n".join(lines)
 
 
-def as_json(p: Plan) -> str:
+def as_json(p: SweepPlan) -> str:
     """The plan as JSON (arrays with their sbatch flags and jobs; errors)."""
     return json.dumps(
         {
@@ -790,7 +790,7 @@ def _client(store: Store) -> tuple[Any, str]:
     return client, _experiment_id(client, experiment, artifact_root)
 
 
-def start_sweep_runs(p: Plan, command: str) -> dict[Store, str]:
+def start_sweep_runs(p: SweepPlan, command: str) -> dict[Store, str]:
     """Create the sweep's run in every store and experiment its jobs log to (one, unless the
     experiment is itself an axis); returns store -> run id.
 
@@ -832,7 +832,7 @@ def start_sweep_runs(p: Plan, command: str) -> dict[Store, str]:
     return out
 
 
-def array_parent(p: Plan, a: JobArray, parents: dict[Store, str]) -> str | None:
+def array_parent(p: SweepPlan, a: JobArray, parents: dict[Store, str]) -> str | None:
     """The sweep run array ``a``'s jobs are children of: the run of the store they all log to
     (None when they log to several, or tracking is off)."""
     stores = {p.job_stores.get(j.index) for j in a.jobs}
@@ -847,7 +847,7 @@ def array_parent(p: Plan, a: JobArray, parents: dict[Store, str]) -> str | None:
     return parents.get(store) if store is not None else None
 
 
-def end_sweep_runs(p: Plan, parents: dict[Store, str], codes: list[int], killed: bool) -> None:
+def end_sweep_runs(p: SweepPlan, parents: dict[Store, str], codes: list[int], killed: bool) -> None:
     """End each sweep run with its jobs: KILLED when the launcher was stopped; FAILED when an
     array failed or a child run did not finish; else FINISHED. Its metrics count the child runs
     by status (``sweep/runs_finished``...) against the jobs planned (``sweep/jobs``)."""
@@ -892,7 +892,7 @@ def end_sweep_runs(p: Plan, parents: dict[Store, str], codes: list[int], killed:
         )
 
 
-def _run_arrays(p: Plan, parents: dict[Store, str]) -> list[int]:
+def _run_arrays(p: SweepPlan, parents: dict[Store, str]) -> list[int]:
     """Start every array's Hydra multirun and wait for them all; SIGTERM, like Ctrl-C, is
     passed on to them and ends the wait with KeyboardInterrupt."""
     procs = [subprocess.Popen(hydra_command(p, a, array_parent(p, a, parents))) for a in p.arrays]

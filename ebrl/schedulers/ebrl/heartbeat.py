@@ -3,8 +3,8 @@
 Who watches whom:
 
 * every worker beats: :class:`HeartbeatSender`, a daemon thread with a connection of its own,
-  sends the driver a :class:`Beat` every ``Plan.heartbeat_s`` (``scheduler.hang_timeout_s / 10``,
-  at most 1 s) until the worker leaves its loop;
+  sends the driver a :class:`Beat` every ``Schedule.heartbeat_s``
+  (``scheduler.hang_timeout_s / 10``, at most 1 s) until the worker leaves its loop;
 * the driver keeps a clock per worker, :class:`HeartbeatMonitor`: a worker silent for
   ``scheduler.hang_timeout_s`` is hung (a frozen process, or native code holding the GIL); the
   driver's relay kills it, and it is replaced as a dead one is, or stops the run;

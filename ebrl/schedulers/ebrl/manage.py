@@ -4,7 +4,7 @@ the workers.
 :func:`setup` reads the run's ``resources`` group and returns the run-time manager
 (:class:`~ebrl.resources.runtime.RunTimeManager`) holding the starting split
 (:class:`~ebrl.resources.manager.RunResources`), which the workers apply when they start
-(``Plan.gen_resources`` / ``train_resources``), the shape trials when the shape was searched,
+(``Schedule.gen_resources`` / ``train_resources``), the shape trials when the shape was searched,
 and with ``allocator=elastic`` Algorithm 1 at run time. :class:`ManagerLinks` carries what it
 decides to the generator and the learner (a :class:`Resources` message each; they apply it between
 stage calls and acknowledge with :class:`Applied`). :func:`choose_shape` runs the shape search

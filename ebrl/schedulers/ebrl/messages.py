@@ -186,7 +186,7 @@ class Reshape:
 
 @dataclass(slots=True)
 class Beat:
-    """any worker -> driver, every ``Plan.heartbeat_s`` from a thread of its own: the process is
+    """any worker -> driver, every ``Schedule.heartbeat_s`` from a thread of its own: the process is
     alive and not frozen (a simulator spinning with the GIL held, a SIGSTOPped process)."""
 
     worker: str

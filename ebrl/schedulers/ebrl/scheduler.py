@@ -94,12 +94,12 @@ from ebrl.schedulers.ebrl.wiring import (
     weight_routes,
     wire,
 )
-from ebrl.schedulers.ebrl.workers import EnvWorker, GenWorker, LearnerWorker, Plan
+from ebrl.schedulers.ebrl.workers import EnvWorker, GenWorker, LearnerWorker, Schedule
 
 log = logging.getLogger(__name__)
 
 
-def with_resources(plan: Plan, roles: Roles, manager: RunTimeManager | None) -> Plan:
+def with_resources(plan: Schedule, roles: Roles, manager: RunTimeManager | None) -> Schedule:
     """The plan with the resource manager's starting split (each replica its share of the
     generator's threads and cores)."""
     if manager is None:
@@ -378,10 +378,10 @@ class EBRLScheduler:
         )
         return choice.shape, choice, ShapeTrials(short[:n], skip=1, updates=each)
 
-    def plan(self, ctx: RunContext, roles: Roles, slots: SlotSpec, shape: Shape) -> Plan:
+    def plan(self, ctx: RunContext, roles: Roles, slots: SlotSpec, shape: Shape) -> Schedule:
         """The shape of the run every worker shares (resources: :func:`with_resources`)."""
         groups = env_groups(roles.sims, shape.groups)
-        return Plan(
+        return Schedule(
             workers=roles.sims,
             groups=groups,
             decisions_per_env=ctx.decisions_per_env,
@@ -843,7 +843,7 @@ class EBRLScheduler:
         inbox: Inbox,
         handles: list,
         ctx: RunContext,
-        plan: Plan,
+        plan: Schedule,
         manager: RunTimeManager | None = None,
         restarts: _Restarts | None = None,
         unread: deque[Any] | None = None,
@@ -1088,7 +1088,7 @@ class _Restarts:
         resources: dict[str, dict[str, float]],
         options: dict[str, dict],
         book: dict[str, Any],
-        plan: Plan,
+        plan: Schedule,
         limit: int,
         board: Any,
         dist: tuple[str, int] | None,

@@ -64,7 +64,7 @@ from ebrl.types import Observation, Segment, Transition
 
 
 @dataclass(frozen=True)
-class Plan:
+class Schedule:
     """The shape of one EBRL run, shared by every worker.
 
     Attributes:
@@ -152,7 +152,7 @@ class _Worker:
         )
         return self.inbox.address
 
-    def run(self, links: Links, plan: Plan) -> None:
+    def run(self, links: Links, plan: Schedule) -> None:
         """Connect to the inboxes ``links`` names and loop until Stop; any exception is
         reported, then raised."""
         self.plan = plan
