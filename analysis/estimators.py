@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from analysis import names, stats
+from analysis import files, names, stats
 from analysis.tables import Table, label
 
 #: default groups: a configuration and a scheduler (the policy's name carries its size)
@@ -104,7 +104,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--reps", type=int, default=10_000)
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
-    runs = pd.read_csv(args.runs / "runs.csv")
+    runs = files.read_csv(args.runs / "runs.csv")
     by = args.by.split(",") if args.by else [c for c in BY if c in runs]
     df = compare(runs, args.value, by, reps=args.reps, seed=args.seed)
     print(table(df, args.value, by).markdown(), end="")

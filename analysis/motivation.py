@@ -57,7 +57,7 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from analysis import names
+from analysis import files, names
 from ebrl.timeline import covered_s
 
 #: what a run folder holds that this module reads
@@ -159,9 +159,13 @@ def load_run(folder: str | Path) -> Run:
     config = (yaml.safe_load(cfg_path.read_text()) or {}) if cfg_path.exists() else {}
     variant = str(config.get("variant") or "")
     key = variant.rsplit("/", 1)[-1] if variant else str(summary.get("scheduler", folder.name))
-    metrics = pd.read_csv(folder / "metrics.csv") if (folder / "metrics.csv").exists() else None
+    metrics = (
+        files.read_csv(folder / "metrics.csv") if files.exists(folder / "metrics.csv") else None
+    )
     util = (
-        pd.read_csv(folder / "utilisation.csv") if (folder / "utilisation.csv").exists() else None
+        files.read_csv(folder / "utilisation.csv")
+        if files.exists(folder / "utilisation.csv")
+        else None
     )
     return Run(
         key=key,

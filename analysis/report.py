@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
-from analysis import names, tables
+from analysis import files, names, tables
 from analysis.tables import TARGET, Table
 
 if TYPE_CHECKING:
@@ -255,9 +255,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0, help="bootstrap random seed")
     args = ap.parse_args(argv)
     runs_csv = args.runs / "runs.csv"
-    if not runs_csv.exists():
+    if not files.exists(runs_csv):
         raise SystemExit(f"{runs_csv} not found: run `python -m analysis.export` first")
-    runs = _filter(names.display_runs(pd.read_csv(runs_csv)), args.where)
+    runs = _filter(names.display_runs(files.read_csv(runs_csv)), args.where)
     if args.config_cols is None:
         args.config_cols = [c for c in CONFIG_COLS if _tells_apart(runs, c)]
     need = [*args.config_cols, args.scheduler_col]
@@ -266,8 +266,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if absent:
         raise SystemExit(f"runs.csv has no column {absent}; it has {list(runs.columns)}")
     curves = None
-    if (args.runs / "curves.csv").exists():
-        curves = pd.read_csv(args.runs / "curves.csv")
+    if files.exists(args.runs / "curves.csv"):
+        curves = files.read_csv(args.runs / "curves.csv")
         curves = curves[curves["run_id"].isin(runs["run_id"])]
     try:
         table, fig_list = build(args.kind, runs, curves, args)

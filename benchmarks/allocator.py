@@ -56,6 +56,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from analysis import files  # noqa: E402
 from analysis.stats import bootstrap_ci, ratio_ci  # noqa: E402
 from benchmarks.common import provenance  # noqa: E402
 from benchmarks.scheduler_throughput import WORKLOAD  # noqa: E402
@@ -191,9 +192,14 @@ def train_run(
 def read_run(run_dir: Path, name: str, seed: int) -> dict[str, Any]:
     """A finished run's summary, per-update throughput and reallocations."""
     s = json.loads((run_dir / "summary.json").read_text())
-    rows = list(csv.DictReader((run_dir / "metrics.csv").open()))
+    with files.open_text(run_dir / "metrics.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
     re_path = run_dir / "reallocations.jsonl"
-    reallocs = [json.loads(x) for x in re_path.read_text().splitlines()] if re_path.exists() else []
+    reallocs = (
+        [json.loads(x) for x in files.read_text(re_path).splitlines()]
+        if files.exists(re_path)
+        else []
+    )
     s.update(
         config=name,
         seed=seed,
@@ -329,10 +335,11 @@ def reanalyse(folder: Path, args: Any) -> None:
             print("\n".join(slowdown_table(drows, args, stage)))
     if not any(re.fullmatch(r"g\d+t\d+b\d+-s\d+", d.name) for d in (folder / "runs").iterdir()):
         return
-    rows = [
-        {**r, "seed": int(r["seed"]), "throughput_e2e": float(r["throughput_e2e"])}
-        for r in csv.DictReader((folder / "runs.csv").open())
-    ]
+    with files.open_text(folder / "runs.csv", newline="") as f:
+        rows = [
+            {**r, "seed": int(r["seed"]), "throughput_e2e": float(r["throughput_e2e"])}
+            for r in csv.DictReader(f)
+        ]
     m = re.search(r"^chosen (\S+) / best", (folder / "table.md").read_text(), re.M)
     if m is None:
         raise SystemExit(f"{folder / 'table.md'}: no 'chosen ... / best' line")

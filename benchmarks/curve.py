@@ -22,11 +22,16 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import pandas as pd
 
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from analysis import files  # noqa: E402
+
 COLUMNS = ("env/steps_total", "env/return", "env/success_rate", "env/episode_len")
 
 
 def load(run: Path) -> pd.DataFrame:
-    df = pd.read_csv(run / "metrics.csv")
+    df = files.read_csv(run / "metrics.csv")  # committed runs: metrics.csv.gz
     missing = [c for c in COLUMNS if c not in df.columns]
     if missing:
         raise SystemExit(f"{run / 'metrics.csv'} has no {', '.join(missing)} column")

@@ -58,6 +58,7 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from analysis import files  # noqa: E402
 from benchmarks.common import provenance  # noqa: E402
 from ebrl.plan.from_run import RunFacts, profile_from_run  # noqa: E402
 from ebrl.plan.machine import MachineSpec  # noqa: E402
@@ -177,8 +178,8 @@ def old_step_shape(n: int, groups: int, batch_min: int | None = None) -> Shape:
 def export_runs(folder: str) -> list[Run]:
     """The runs of an MLflow export (``results/<folder>/export``), busy time per update over
     each run's steady state (after its warm-up)."""
-    runs = pd.read_csv(RESULTS / folder / "export" / "runs.csv")
-    curves = pd.read_csv(RESULTS / folder / "export" / "curves.csv")
+    runs = files.read_csv(RESULTS / folder / "export" / "runs.csv")
+    curves = files.read_csv(RESULTS / folder / "export" / "curves.csv")
     out = []
     for _, r in runs.iterrows():
         x = (
@@ -314,7 +315,7 @@ def allocator_runs(folder: str) -> list[Run]:
         wl = PlanWorkload(
             num_envs=16, env_groups=2, decisions_per_env=12, gen_threads=tg, train_threads=tt
         )
-        metrics = pd.read_csv(path.parent / "metrics.csv")
+        metrics = files.read_csv(path.parent / "metrics.csv")
         a, b = 2, len(metrics) - 1  # warm-up 3 of 8 updates
         busy = {
             k.split("/")[1]: (metrics[k].iloc[b] - metrics[k].iloc[a]) / (b - a)
