@@ -13,6 +13,7 @@ import pytest
 
 from ebrl.runtime.backend import InProcessBackend, RayBackend
 from ebrl.runtime.placement import (
+    NOSET_CUDA,
     Ask,
     Node,
     PlacementError,
@@ -192,11 +193,17 @@ def test_ray_options_hard_affinity_gpu_share_and_mps_quota():
     s = o["scheduling_strategy"]
     assert s.node_id == node("g").node_id and s.soft is False
     assert o["num_gpus"] == 0.5 and o["num_cpus"] == 0 and o["resources"] == {"x": 0.1}
-    assert o["runtime_env"] == {"env_vars": {"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "50"}}
-    assert "runtime_env" not in ray_options(whole) and ray_options(whole)["num_gpus"] == 1
+    # its planned GPU (Ray would pack shares in creation order) and its SM quota
+    pinned = {"EBRL_GPU_SLOTS": str(half.gpu_slots[0]), NOSET_CUDA: "1"}
+    assert o["runtime_env"] == {"env_vars": {**pinned, "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "50"}}
+    assert ray_options(whole)["runtime_env"]["env_vars"] == {
+        "EBRL_GPU_SLOTS": str(whole.gpu_slots[0]),
+        NOSET_CUDA: "1",
+    }  # a whole GPU: no quota
+    assert ray_options(whole)["num_gpus"] == 1
     assert "runtime_env" not in ray_options(cpu) and ray_options(cpu)["num_gpus"] == 0
     assert "resources" not in ray_options(cpu)
-    assert "runtime_env" not in ray_options(half, mps=False)
+    assert ray_options(half, mps=False)["runtime_env"]["env_vars"] == pinned
     env = ray_options(half, mps_pipe="/tmp/ebrl-mps-x/pipe")["runtime_env"]["env_vars"]
     assert env["CUDA_MPS_PIPE_DIRECTORY"] == "/tmp/ebrl-mps-x/pipe"
     assert Ask("gen", 0, gpus=0.333).mps_percent == 33
