@@ -156,7 +156,7 @@ if [ "$DRY" = "1" ]; then
   # no GPU), the fake daemon's servers and clients listed while it goes
   t=$(budget "$T_MPS"); phase "2b. MPS on the fake GPU layer: EBRL at gpu=h100, half the GPU per role" "$t"
   env "${FAKE_ENV[@]}" timeout -k 20 "$t" "$PY" -m ebrl.launch "$SWEEP" --out "$WORK/mps" \
-    gpu=h100 scale.gen_gpus=0.5 scale.learner_gpus=0.5 scheduler=ebrl seed=0 \
+    gpu=h100 launcher.gpus_per_node=1 scale.gen_gpus=0.5 scale.learner_gpus=0.5 scheduler=ebrl seed=0 \
     scheduler.device=cpu "${TRACK[@]}" >"$WORK/mps.log" 2>&1 &
   run=$!
   watch_mps "$WORK/mps" "$run"
@@ -202,7 +202,7 @@ fi
 # which happened
 # (dry: the fake GPU layer, the planner's shipped GPU profile, the stages on the cores)
 if [ "$DRY" = "1" ]; then
-  SPLIT=(gpu=h100 scale.gen_gpus=0.5 scale.learner_gpus=0.5 scheduler.device=cpu
+  SPLIT=(gpu=h100 launcher.gpus_per_node=1 scale.gen_gpus=0.5 scale.learner_gpus=0.5 scheduler.device=cpu
     resources.gpu_profile=conf/plan/example_gpu_profile.json budget.iterations=6)
 else
   SPLIT=("gpu=$GPU" "resources.gpu_profile=$OUT/profile.json" budget.iterations=12)

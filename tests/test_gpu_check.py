@@ -187,5 +187,10 @@ def test_the_dry_run_runs_every_phase_and_prints_what_the_gpu_run_must(tmp_path)
     assert "=== not carried or not run:" in said and "=== done in" in said
     with tarfile.open(out / "runs.tar.gz") as tar:
         names = tar.getnames()
-    assert sum(n.endswith("summary.json") for n in names) == 5  # 4 + the MPS run
+    # (c2) Algorithm 1: its split from the profile (dry: the planner's shipped GPU profile, the
+    # stages on the cores, so they drift from it and it re-splits)
+    assert "GPU split (Algorithm 1 on conf/plan/example_gpu_profile.json" in said
+    assert "GPU re-split 1 at update" in said and '"seconds_to_effect"' in said
+    assert sum(n.endswith("summary.json") for n in names) == 6  # 4 + the MPS and Algorithm 1 runs
+    assert any(n.endswith("gpu_resplits.jsonl") for n in names)
     assert any(n.endswith("gpu_env.jsonl") for n in names)
