@@ -450,7 +450,9 @@ def test_unpinned_quotas_are_algorithm_1s_and_a_drift_re_split_restarts_the_gene
     environment, read inside it, says so). Every env step is counted once across it."""
     from ebrl.ledger import account
 
-    iters = 10
+    # the generator's counters reach the driver once per weights version it acts with (about
+    # every other update here): 16 updates give the monitors their window after the warm-up
+    iters = 16
     p = run_train(tmp_path, fake_gpu_layer(tmp_path), f"resources.gpu_profile={GPU_PROFILE}",
                   iterations=iters, timeout=480)  # fmt: skip
     assert p.returncode == 0, p.stderr[-3000:]

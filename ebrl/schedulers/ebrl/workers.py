@@ -646,6 +646,7 @@ class GenWorker(_Worker):
         decisions = np.zeros(plan.slots.num_envs, dtype=np.int64)
         self.ready, self.payload, self.decisions = ready, payload, decisions
         batches = sizes = depth = 0.0
+        counted = -1  # the weights version whose counters last went out
         while True:
             self._account(ready, decisions)
             batch = self._pick(ready, decisions)
@@ -688,6 +689,11 @@ class GenWorker(_Worker):
                 if self._send_go(w, go):
                     self.pending[w] += len(rows)
             self._rebind()
+            # out at least once per weights version (about one update), not only every
+            # flush_every_s: the driver measures the generator's capacity update by update
+            # (Algorithm 1's monitors), and an update can take less than flush_every_s
+            fresh = self.stage.version != counted
+            counted = self.stage.version
             self.flush(
                 {
                     "pipeline/gen_batch_mean": sizes / batches,
@@ -700,7 +706,8 @@ class GenWorker(_Worker):
                     "resource/gen_clock": time.perf_counter(),
                     "fault/lost_decisions": float(self.lost_decisions),
                     "pipeline/weights_load_s_mean": self.load_s / max(1, self.loads),
-                }
+                },
+                force=fresh,
             )
 
 
