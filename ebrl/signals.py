@@ -93,6 +93,8 @@ class StopSignals:
         self.armed = False
         self.received: list[int] = []
         self._previous: dict[int, Any] = {}
+        self._deferring = False
+        self._held: int | None = None
 
     def __enter__(self) -> StopSignals:
         if threading.current_thread() is not threading.main_thread():
@@ -114,10 +116,35 @@ class StopSignals:
         if not self.armed:
             log.warning("%s during shutdown: recorded, the shutdown goes on", _name(signum))
             return
+        if self._deferring:  # raised when the block that must not be cut ends
+            if self._held is None:
+                self._held = signum
+            return
         self.armed = False  # one Preempted per run: a second signal never cuts the clean-up
         p = Preempted(signum)
         p.previous = self._previous.get(signum, signal.SIG_DFL)
         raise p
+
+    @contextlib.contextmanager
+    def deferred(self) -> Iterator[None]:
+        """A block a stop signal must not cut in two: one arriving inside it is raised as
+        :class:`Preempted` when the block ends (the driver's record of an update, which goes
+        to MLflow, ``metrics.jsonl`` and ``progress.json``: a signal between the first and the
+        last would leave an update logged that the resumed run counts as never logged)."""
+        if self._deferring:
+            yield
+            return
+        self._deferring = True
+        try:
+            yield
+        finally:
+            self._deferring = False
+        held, self._held = self._held, None
+        if held is not None and self.armed:
+            self.armed = False
+            p = Preempted(held)
+            p.previous = self._previous.get(held, signal.SIG_DFL)
+            raise p
 
     def disarm(self) -> None:
         """From now on signals are recorded, not raised (the run is shutting down)."""

@@ -103,11 +103,12 @@ def train(cfg: DictConfig) -> Summary:
             for rep in () if budget_spent(run, *prog.spent()) else reports:
                 metrics = meter.update(rep)
                 it = summary.iterations - 1  # this update's index in the run
-                if rep.params and prog.iterations == 0:  # params are immutable: first attempt
-                    tracker.log_params({k: str(v) for k, v in rep.params.items()})
-                tracker.log_metrics(metrics, step=summary.env_steps)
-                metrics_file.append(it, metrics)
-                meter.progress(prog).save(prog_path)
+                with stop.deferred():  # the update is recorded everywhere, or nowhere new
+                    if rep.params and prog.iterations == 0:  # params are immutable: 1st attempt
+                        tracker.log_params({k: str(v) for k, v in rep.params.items()})
+                    tracker.log_metrics(metrics, step=summary.env_steps)
+                    metrics_file.append(it, metrics)
+                    meter.progress(prog).save(prog_path)
                 _show_update(bar, it, rep.env_steps, metrics, meter.success)
                 if meter.spent(run):
                     break
