@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ebrl.config.run import EvalInitStates
 from ebrl.envs.base import reset_seed
 from ebrl.stages.factory import StageFactory
 from ebrl.types import Observation
@@ -41,7 +42,7 @@ from ebrl.types import Observation
 #: (training uses reset groups ``env_id // group_size`` < num_envs)
 EVAL_STREAM = 1 << 30
 #: eval.init_states: auto (fixed where the simulator has fixed initial states), fixed, train
-INIT_STATES = ("auto", "fixed", "train")
+INIT_STATES = tuple(m.value for m in EvalInitStates)
 #: the simulator's value of ``init_states`` that selects its fixed initial states (LIBERO's)
 FIXED = "suite"
 

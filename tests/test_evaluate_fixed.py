@@ -3,12 +3,19 @@ task), whatever initial states the run trained from (``eval.init_states``)."""
 
 from __future__ import annotations
 
-import pytest
+import subprocess
+import sys
+from pathlib import Path
 
+import pytest
+from hydra.errors import ConfigCompositionException
+
+from ebrl.config import EvalInitStates, validate
 from ebrl.envs.base import reset_seed
 from ebrl.envs.fake import CountingEnv
 from ebrl.envs.libero import FIXED_STATES
 from ebrl.evaluate import EVAL_STREAM, episode_plan, evaluate
+from ebrl.hardware import MachineFacts
 from ebrl.stages.factory import StageFactory
 from tests.conftest import make_cfg
 
@@ -122,3 +129,38 @@ def test_the_export_carries_each_runs_evaluation_episodes_for_wilson(tiny_cfg, t
     runs = export_runs(f"sqlite:///{tmp_path / 'mlflow' / 'mlflow.db'}", ["ebrl"]).runs
     assert runs["eval_success_rate"].tolist() == [1.0]
     assert runs["eval_episodes"].tolist() == [3]
+
+
+def test_a_misspelt_init_states_is_refused_at_composition_naming_key_value_and_choices():
+    """``eval.init_states`` is a choice (:class:`EvalInitStates`): Hydra refuses any other value
+    while composing, before any work, with the key, the value and the choices."""
+    with pytest.raises(ConfigCompositionException) as e:
+        make_cfg(["eval.init_states=fixd"])
+    said = f"{e.value} {e.value.__cause__}"
+    assert "eval.init_states" in said and "'fixd'" in said, said
+    assert "expected one of [auto, fixed, train]" in said, said
+
+
+@pytest.mark.parametrize("value", ["auto", "fixed", "train"])
+def test_every_init_states_value_composes_and_plans_as_before(value, tmp_path):
+    cfg = make_cfg([*LIBERO, f"eval.init_states={value}"], tmp_path)
+    run = validate(cfg, machine=MachineFacts(where="a 2-core CPU machine", cpus=2))
+    assert run.eval.init_states is EvalInitStates(value) and run.eval.init_states == value
+    plan = episode_plan(cfg, 2, 2, run.eval.init_states)
+    assert plan.fixed == (value != "train")  # LIBERO has fixed states: auto takes them
+
+
+def test_train_refuses_a_misspelt_init_states_before_any_work(tmp_path):
+    run_dir = tmp_path / "run"
+    train = [sys.executable, "-m", "ebrl.train", "eval.init_states=fixd"]
+    proc = subprocess.run(
+        [*train, "tracking.enabled=false", f"run_dir={run_dir}", f"hydra.run.dir={tmp_path}/h"],
+        cwd=Path(__file__).resolve().parents[1],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    said = proc.stdout + proc.stderr
+    assert proc.returncode != 0
+    assert "eval.init_states=fixd" in said and "expected one of [auto, fixed, train]" in said, said
+    assert not run_dir.exists() or not any(run_dir.iterdir())  # nothing ran

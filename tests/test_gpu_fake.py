@@ -31,6 +31,7 @@ import pytest
 
 from ebrl.config import ConfigError, validate
 from ebrl.hardware import MachineFacts
+from ebrl.schedulers.ebrl.wiring import gen_name, learner_name
 from ebrl.train import _refuse_unwired_resources
 
 from .conftest import TINY, make_cfg
@@ -171,7 +172,7 @@ def fake_gpu_layer(
     return env
 
 
-def command(tmp_path: Path, *extra: str, iterations: int = 3) -> list[str]:
+def command(tmp_path: Path, *extra: str, iterations: int = 3, scale: str = "g1") -> list[str]:
     over = [o for o in TINY if not o.startswith("budget.iterations")]
     return [
         sys.executable,
@@ -179,7 +180,7 @@ def command(tmp_path: Path, *extra: str, iterations: int = 3) -> list[str]:
         "ebrl.train",
         *over,
         "scheduler=ebrl",
-        "+axis/scale=g1",  # the headline's GPU point: gen and learner half a GPU each
+        f"+axis/scale={scale}",  # g1, the headline's GPU point: gen and learner half a GPU each
         "gpu=h100",
         "scheduler.device=cpu",  # torch here has no GPU: the roles compute on the cores
         "scheduler.sim_workers=2",
@@ -223,10 +224,15 @@ def sharing_param(tmp_path: Path) -> str | None:
 
 
 def run_train(
-    tmp_path: Path, env: dict[str, str], *extra: str, iterations: int = 3, timeout: float = 240
+    tmp_path: Path,
+    env: dict[str, str],
+    *extra: str,
+    iterations: int = 3,
+    timeout: float = 240,
+    scale: str = "g1",
 ) -> subprocess.CompletedProcess:
     return subprocess.run(
-        command(tmp_path, *extra, iterations=iterations),
+        command(tmp_path, *extra, iterations=iterations, scale=scale),
         env=env,
         cwd=tmp_path,
         capture_output=True,
@@ -266,6 +272,37 @@ def test_g1_on_one_node_starts_one_daemon_every_gpu_role_gets_its_quota_and_none
     table = {r[0]: r[5] for r in rows if r and r[0] in quotas}  # role -> its "mps %" column
     assert table == quotas
     assert sharing_param(tmp_path) == "mps"
+
+
+@pytest.mark.slow  # Ray, 2 learner ranks, 2 replicas, 2 env workers: 1.5-3 min; make test-slow
+def test_g2_on_one_node_puts_one_learner_rank_and_one_replica_on_each_gpu_at_their_quotas(
+    tmp_path,
+):
+    """The shipped ``+axis/scale=g2`` on a node whose NVML shows two H100s: per GPU one learner
+    rank and one generator replica, each at half its SMs. What each GPU role's process saw,
+    read inside it, holds against the placement table: the ranks on different GPUs (their
+    planned slots, not the slot Ray would hand the first shares it is asked for), every quota
+    the table's, every role on the one daemon's pipe."""
+    env = fake_gpu_layer(tmp_path, gpus=f"{H100},{H100}")
+    p = run_train(tmp_path, env, scale="g2", timeout=420)
+    assert p.returncode == 0, p.stderr[-3000:]
+    (start,) = [ln for ln in mps_log(tmp_path) if ln[0] == "start"]  # one node, one daemon
+    pipe = start[2]
+    rows = [ln.split() for ln in (tmp_path / "run" / "placement.txt").read_text().splitlines()]
+    # worker name -> (role, its planned GPU slot, its "mps %"), from the table's role and index
+    name_of = {"gen": gen_name, "learner": learner_name}
+    table = {name_of[r[0]](int(r[1])): (r[0], r[4], r[5]) for r in rows if r and r[0] in name_of}
+    envs = role_envs(tmp_path)
+    assert set(envs) == set(table) == {"gen", "gen1", "learner", "learner1"}, rows
+    by_gpu: dict[str, list[str]] = {}
+    for name, (role, slot, quota) in sorted(table.items()):
+        # no CUDA_VISIBLE_DEVICES on the node: slot i is device i
+        assert envs[name]["CUDA_VISIBLE_DEVICES"] == slot, (name, envs[name], rows)
+        assert envs[name]["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == quota == "50", envs[name]
+        assert envs[name]["CUDA_MPS_PIPE_DIRECTORY"] == pipe, envs[name]
+        by_gpu.setdefault(envs[name]["CUDA_VISIBLE_DEVICES"], []).append(role)
+    assert envs["learner"]["CUDA_VISIBLE_DEVICES"] != envs["learner1"]["CUDA_VISIBLE_DEVICES"]
+    assert by_gpu == {"0": ["gen", "learner"], "1": ["gen", "learner"]}, envs
 
 
 @pytest.mark.slow  # 1.5-3 min on a loaded 2-core machine; make test-slow

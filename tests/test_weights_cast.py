@@ -211,3 +211,30 @@ def test_a_replica_fed_by_the_collective_acts_as_one_fed_by_the_board(monkeypatc
     assert loads == {("gen", "board"), ("gen1", "collective")}
     assert cast[-1].metrics["pipeline/weights_cast_nodes"] == 1.0
     assert cast[-1].metrics["pipeline/weights_cast_nccl"] == 0.0
+
+
+def test_the_learner_leader_advertises_one_address_to_its_ranks_and_to_the_broadcast(
+    tiny_cfg, monkeypatch
+):
+    """The leader of two ranks asks :func:`cast_address` once: a node with several interfaces
+    may answer with another address each time, and the ranks' rendezvous and the weights'
+    broadcast (its board's ``cast_at``) must name the same one. Each keeps a port of its own."""
+    from ebrl.envs.fake import CountingEnv
+    from ebrl.runtime.channel import node_ip
+    from ebrl.schedulers.ebrl import workers
+    from ebrl.stages.factory import StageFactory
+
+    answers = iter([("10.0.0.1", 29601), ("10.0.0.2", 29602)])  # two interfaces, two answers
+    monkeypatch.setattr(workers, "cast_address", lambda: next(answers))
+    monkeypatch.setattr(workers, "free_port", lambda host: 29700)  # nothing binds 10.0.0.x here
+    spec = CountingEnv(env_id=0, obs_dim=5, action_dim=3).spec
+    factory = StageFactory.from_config(tiny_cfg()).with_spec(spec)
+    leader = workers.LearnerWorker(factory, b"k", node_ip(), rank=0, world=2)
+    try:
+        _, dist, board = leader.open()
+    finally:
+        leader.inbox.close()
+        leader._close()
+    assert board is not None and board.cast_at == ("10.0.0.1", 29601)
+    assert dist == ("10.0.0.1", 29700)
+    assert next(answers) == ("10.0.0.2", 29602)  # asked once: the second answer is unused

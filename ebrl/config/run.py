@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any
 
 from omegaconf import MISSING
@@ -114,6 +115,14 @@ class InjectConfig:
         )
 
 
+class EvalInitStates(StrEnum):
+    """Where the evaluation's episodes start (``eval.init_states``)."""
+
+    auto = "auto"
+    fixed = "fixed"
+    train = "train"
+
+
 @dataclass
 class EvalConfig:
     #: episodes of the final weights to run after training (0: no evaluation); see ebrl.evaluate
@@ -130,7 +139,7 @@ class EvalConfig:
     curve_episodes: int = 24
     #: auto: the simulator's fixed initial states where it has them (LIBERO), whatever the run
     #: trained from; fixed: those (an error where there are none); train: the run's own
-    init_states: str = "auto"
+    init_states: EvalInitStates = EvalInitStates.auto
 
     def __post_init__(self) -> None:
         _check(
@@ -144,9 +153,10 @@ class EvalConfig:
             f"eval.curve_episodes={self.curve_episodes}: a curve needs at least 1 episode per "
             "point (or set eval.every_iters=0)",
         )
+        allowed = [m.value for m in EvalInitStates]  # Hydra refuses others at composition
         _check(
-            self.init_states in ("auto", "fixed", "train"),
-            f"eval.init_states={self.init_states}: use auto, fixed or train",
+            self.init_states in allowed,
+            f"eval.init_states={self.init_states}: use {', '.join(allowed)}",
         )
 
 

@@ -771,18 +771,21 @@ class LearnerWorker(_Worker):
         learner of several ranks and the weight board's spec (None where there is none)."""
         self.stage = self.factory.train(device=self.device)
         address = self._open_inbox()
+        lead = self.rank == 0 and self.world > 1
+        # asked once: on a node with several interfaces a second answer could name another, and
+        # the ranks' rendezvous and the weights' broadcast must advertise the same address
+        cast = cast_address() if lead or self.use_board else None
         dist = None
-        if self.rank == 0 and self.world > 1:
+        if lead:
             # where the other ranks reach it: this node's address as other nodes see it (the
-            # inbox of a leader on the driver's machine advertises 127.0.0.1)
-            dist = cast_address() or (address[0], free_port(address[0]))
+            # inbox of a leader on the driver's machine advertises 127.0.0.1), on its own port
+            host = cast[0] if cast is not None else address[0]
+            dist = (host, free_port(host))
         if self.use_board:
             # named for the driver's pid (its orphan watchdog sweeps it) when on its machine
             owner = os.getpid() if self.inline else self.owner_pid
             # after the first publish, only what an update changes is copied onto it
-            self.board = WeightBoard.create(
-                self._state(), owner, self.stage.changing(), cast_address()
-            )
+            self.board = WeightBoard.create(self._state(), owner, self.stage.changing(), cast)
         return address, dist, self.board.spec if self.board is not None else None
 
     def _state(self) -> dict[str, torch.Tensor]:
