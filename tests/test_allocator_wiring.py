@@ -15,6 +15,7 @@ import torch
 from ebrl.plan.profile import Point, Profile, StageProfile
 from ebrl.resources.manager import ResourceSettings, initial_resources
 from ebrl.resources.profiler import rate_table
+from ebrl.resources.split import predict
 from ebrl.resources.topology import Topology, discover_cores
 from ebrl.schedulers.ebrl import workers
 from ebrl.train import train
@@ -200,6 +201,10 @@ def test_elastic_run_profiles_itself_without_a_stored_profile(tiny_cfg, tmp_path
     assert max(prof.batch_sizes("gen")) == 4 // g and len(stored.chunk_s) == 1
     info = json.loads((run / "resources.json").read_text())
     assert info["allocator"] == "elastic" and info["profile_s"] > 0
+    # the split was chosen on the rates the file gives back: a run reads what it wrote
+    a = info["allocation"]
+    assert predict(prof, "gen", a["gen_units"], a["gen_batch"]) == a["gen_throughput"]
+    assert predict(prof, "train", a["train_units"], a["train_batch"]) == a["train_throughput"]
     # at most threads.gen + threads.train; threads the simulators' pace does not need are left
     assert 2 <= info["gen"]["threads"] + info["train"]["threads"] <= 3
 

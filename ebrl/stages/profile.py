@@ -135,20 +135,19 @@ def to_profile(
                 p.batch_size * per,
                 p.batch_size * per / p.throughput,
                 threads=p.share,
-                busy=float(p.share) if p.busy_cores is None else p.busy_cores,
+                busy=table.busy(stage, p.share, p.batch_size),
                 repeats_s=tuple(p.batch_size * per / x for x in p.samples),
             )
             for p in table.points
             if p.stage == stage
         )
 
-    sim = [p for p in table.points if p.stage == "sim"]
-    busy = [p.busy_cores for p in sim if p.busy_cores is not None]
+    sim = next(p for p in table.points if p.stage == "sim")
     return Profile(
-        chunk_s=tuple(1.0 / p.throughput for p in sim),
-        sim_busy=min(1.0, float(np.mean(busy))) if busy else 1.0,
-        gen=StageProfile(points("gen", 1), "batch"),
-        train=StageProfile(points("train", minibatches), "samples"),
+        (1.0 / sim.throughput,),
+        min(1.0, table.busy("sim", sim.share, sim.batch_size)),
+        StageProfile(points("gen", 1), "batch"),
+        StageProfile(points("train", minibatches), "samples"),
         chunk_size=chunk_size,
         episode_steps=episode_steps,
         source=source,
