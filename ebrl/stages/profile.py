@@ -100,7 +100,7 @@ def profile_for_run(
         f"the run's offline profile (ebrl.stages.profile), {table.created} on "
         f"{table.machine.get('host')} in {sum(table.duration_s.values()):.1f} s: policy "
         f"{shape['policy']} ({shape['parameters']} parameters), simulator "
-        f"{simulator.get('name', '?')}"
+        f"{str(simulator.get('_target_', '?')).rsplit('.', 1)[-1]}"
     )
     minibatches = max(1, ppo.num_minibatches)
     return to_profile(table, minibatches, chunk, int(episode) if episode else None, source)
