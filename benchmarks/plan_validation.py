@@ -469,7 +469,8 @@ def profile_from_turns(runs: Sequence[Run], ref: ThreadRef) -> Profile:
 
 
 def profile_from_profiler(folder: str, ref: ThreadRef) -> Profile:
-    """The allocator campaign's own offline profile (every stage timed alone at start)."""
+    """The allocator campaign's own offline profile (every stage timed alone at start), in the
+    untagged format runs wrote before ``ebrl-plan-profile/1`` (read here as committed data)."""
     raw = json.loads((RESULTS / folder / "profile.json").read_text())
     gen = tuple(
         Point(

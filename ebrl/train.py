@@ -349,11 +349,25 @@ def _refuse_unwired_resources(run: RunConfig) -> None:
                 + ("" if watched else " and the shape watch (scheduler.reshape_on_drift=true)")
                 + "; set resources.allocator=elastic or leave them at their defaults"
             )
-    elif res.profile is not None and not Path(res.profile).is_file():
-        raise ConfigError(
-            f"resources.profile={res.profile}: no such file; give a profile saved by "
-            "ebrl.resources.profiler (a run's profile.json), or null to profile at start"
-        )
+    elif res.profile is not None:
+        from ebrl.plan.profile import Profile, ProfileError
+
+        if not Path(res.profile).is_file():
+            raise ConfigError(
+                f"resources.profile={res.profile}: no such file; give a stage profile (a run's "
+                "profile.json, or python -m ebrl.plan.measure --device cpu), or null to profile "
+                "at start"
+            )
+        try:
+            prof = Profile.load(res.profile)
+        except ProfileError as e:
+            raise ConfigError(f"resources.profile={res.profile}: {e}") from e
+        if prof.gen.device != "cpu" or prof.train.device != "cpu":
+            raise ConfigError(
+                f"resources.profile={res.profile}: measured at GPU shares, but it sizes the "
+                "CPU thread split; give it as resources.gpu_profile, or measure on the CPU "
+                "(python -m ebrl.plan.measure --device cpu)"
+            )
 
 
 def _progress(run: RunConfig, initial: int = 0):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from ebrl.resources.profiler import Profile
+from ebrl.resources.profiler import RateTable
 from ebrl.resources.split import (
     Allocation,
     AllocationError,
@@ -40,7 +40,7 @@ def first_at_least_brute_force(
 
 
 def allocate_brute_force(
-    profile: Profile,
+    profile: RateTable,
     pool: Pool,
     max_gen_batch: int | None = None,
     max_train_batch: int | None = None,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 
@@ -21,13 +22,15 @@ from ebrl.resources.manager import (
     split_resources,
     train_minibatch,
 )
-from ebrl.resources.profiler import Profile, ProfilePoint
+from ebrl.resources.profiler import RatePoint, RateTable
 from ebrl.resources.runtime import RolloutMeter, RunTimeManager, elastic_allocator
 from ebrl.resources.split import AllocationError, Pool, allocate
 from ebrl.resources.topology import fake_topology
 from ebrl.train import _refuse_unwired_resources
 
 from .conftest import TINY, make_cfg
+
+ROOT = Path(__file__).resolve().parents[1]
 
 TOPO = fake_topology(numa_nodes=2, cores_per_node=32, gpus=0)
 
@@ -44,17 +47,15 @@ def manager(prof, res, s, out_dir, max_gen_batch, clock=None, sent=None) -> RunT
     return m
 
 
-def fake_profile(gen_per_thread: float = 1000.0, train_per_thread: float = 500.0) -> Profile:
+def fake_profile(gen_per_thread: float = 1000.0, train_per_thread: float = 500.0) -> RateTable:
     """Linear curves over 1..8 threads; gen at batches 1, 2 and 4, train at 16 and 64."""
     pts = [
-        ProfilePoint("gen", t, b, gen_per_thread * t * (0.5 + b / 8))
+        RatePoint("gen", t, b, gen_per_thread * t * (0.5 + b / 8))
         for t in range(1, 9)
         for b in (1, 2, 4)
     ]
-    pts += [
-        ProfilePoint("train", t, b, train_per_thread * t) for t in range(1, 9) for b in (16, 64)
-    ]
-    return Profile(points=pts)
+    pts += [RatePoint("train", t, b, train_per_thread * t) for t in range(1, 9) for b in (16, 64)]
+    return RateTable(points=pts)
 
 
 def test_static_unpinned_is_the_configs_threads():
@@ -114,10 +115,10 @@ def test_elastic_starts_from_algorithm_1():
 def test_elastic_with_simulators_on_few_cores_spares_threads():
     """A profile with a ``sim`` stage on a 2-core machine: the shared-CPU model prices every
     split, and threads that would only take CPU from the simulators stay unused."""
-    pts = [ProfilePoint("gen", t, 2, 250.0 + 10 * t) for t in (1, 2, 3)]
-    pts += [ProfilePoint("train", t, 16, 180.0 + 20 * t) for t in (1, 2, 3)]
-    pts += [ProfilePoint("sim", 1, 2, 230.0)]
-    prof = Profile(points=pts)
+    pts = [RatePoint("gen", t, 2, 250.0 + 10 * t) for t in (1, 2, 3)]
+    pts += [RatePoint("train", t, 16, 180.0 + 20 * t) for t in (1, 2, 3)]
+    pts += [RatePoint("sim", 1, 2, 230.0)]
+    prof = RateTable(points=pts)
     two = fake_topology(numa_nodes=1, cores_per_node=2, gpus=0)
     s = ResourceSettings(allocator="elastic", gen_threads=2, train_threads=2)
     res = initial_resources(s, two, 2, prof, max_gen_batch=2)
@@ -374,6 +375,20 @@ def test_ebrl_takes_what_it_honours():
 def test_ebrl_refuses_what_it_would_not_honour(extra, words):
     with pytest.raises(ConfigError, match=words):
         _refuse_unwired_resources(run_of(["scheduler=ebrl", *extra]))
+
+
+def test_a_stored_profile_the_run_cannot_read_is_refused_before_any_work(tmp_path):
+    """``resources.profile`` is a stage-profile file measured on CPU threads: a run profile in
+    the untagged format of before, or a GPU profile, is refused naming the key and the fix."""
+    old = tmp_path / "old.json"
+    old.write_text(json.dumps({"points": [{"stage": "gen", "share": 1, "batch_size": 8,
+                                           "throughput": 1.0}]}))  # fmt: skip
+    gpu = ROOT / "conf" / "plan" / "example_gpu_profile.json"
+    for path, words in ((old, r"python -m ebrl\.plan\.measure"), (gpu, r"resources\.gpu_profile")):
+        elastic = ["scheduler=ebrl", "resources.allocator=elastic", f"resources.profile={path}"]
+        with pytest.raises(ConfigError, match=words) as e:
+            _refuse_unwired_resources(run_of(elastic))
+        assert f"resources.profile={path}" in str(e.value)
 
 
 def test_an_sm_quota_for_a_role_on_the_cores_is_refused_by_name():

@@ -12,8 +12,10 @@ import os
 import pytest
 import torch
 
+from ebrl.plan.profile import Point, Profile, StageProfile
 from ebrl.resources.manager import ResourceSettings, initial_resources
-from ebrl.resources.profiler import Profile, ProfilePoint
+from ebrl.resources.profiler import rate_table
+from ebrl.resources.split import predict
 from ebrl.resources.topology import Topology, discover_cores
 from ebrl.schedulers.ebrl import workers
 from ebrl.train import train
@@ -131,10 +133,14 @@ def slow_gen_profile(path) -> str:
     half measurement) then moves the thread once the measured gen exceeds 200 + 2 x train per
     second, which the tiny policy's generator does several times over (at 500/1000 per thread it
     needed gen > 1440/s; runs here measured 1100-1350/s as well as 5400/s)."""
-    pts = [ProfilePoint("gen", t, b, 100.0 * t) for t in (1, 2) for b in (1, 2)]
-    pts += [ProfilePoint("train", t, 16, 200.0 * t) for t in (1, 2)]
-    Profile(points=pts).save(path)
-    return str(path)
+    gen = [Point(b, b / (100.0 * t), threads=t, busy=t) for t in (1, 2) for b in (1, 2)]
+    train = [Point(16, 16 / (200.0 * t), threads=t, busy=t) for t in (1, 2)]
+    # simulators far faster than both: they cost the shared cores nothing to speak of
+    sims = (1e-6,)
+    prof = Profile(
+        sims, 1.0, StageProfile(tuple(gen), "batch"), StageProfile(tuple(train), "samples")
+    )
+    return str(prof.save(path))
 
 
 def test_elastic_run_reallocates_applies_and_logs(tiny_cfg, tmp_path, applied):
@@ -186,13 +192,19 @@ def test_elastic_run_reallocates_applies_and_logs(tiny_cfg, tmp_path, applied):
 def test_elastic_run_profiles_itself_without_a_stored_profile(tiny_cfg, tmp_path):
     train(tiny_cfg([*EBRL, "resources.allocator=elastic", "threads.train=2"]))
     run = tmp_path / "run"
-    prof = Profile.load(run / "profile.json")
+    stored = Profile.load(run / "profile.json")  # the stage-profile file, ebrl-plan-profile/1
+    prof = rate_table(stored)
     assert prof.stages == ("gen", "sim", "train") and prof.shares("gen") == (1, 2)
-    # the largest env group of the shape the manager chose: 4 envs in G groups
+    # generator batches up to the largest env group of the shape the manager chose: 4 envs in
+    # G groups; the learner's update: a segment's decisions, every minibatch
     g = json.loads((run / "shape.json").read_text())["shape"]["env_groups"]
-    assert prof.batch_sizes("sim") == (4 // g,)
+    assert max(prof.batch_sizes("gen")) == 4 // g and len(stored.chunk_s) == 1
     info = json.loads((run / "resources.json").read_text())
     assert info["allocator"] == "elastic" and info["profile_s"] > 0
+    # the split was chosen on the rates the file gives back: a run reads what it wrote
+    a = info["allocation"]
+    assert predict(prof, "gen", a["gen_units"], a["gen_batch"]) == a["gen_throughput"]
+    assert predict(prof, "train", a["train_units"], a["train_batch"]) == a["train_throughput"]
     # at most threads.gen + threads.train; threads the simulators' pace does not need are left
     assert 2 <= info["gen"]["threads"] + info["train"]["threads"] <= 3
 

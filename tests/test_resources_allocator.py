@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from ebrl.resources.elastic import ElasticAllocator
 from ebrl.resources.monitors import DivergenceMonitor, DriftMonitor
 from ebrl.resources.plan import ShareKind, make_plan
-from ebrl.resources.profiler import Profile, ProfilePoint
+from ebrl.resources.profiler import RatePoint, RateTable
 from ebrl.resources.split import (
     AllocationError,
     Pool,
@@ -93,10 +93,10 @@ def test_profile_curve_interpolates_extrapolates_and_is_monotone():
 
 def _profile(
     gen: dict[int, dict[int, float]], train: dict[int, dict[int, float]], unit: str = "threads"
-) -> Profile:
-    pts = [ProfilePoint("gen", s, b, y) for b, c in gen.items() for s, y in c.items()]
-    pts += [ProfilePoint("train", s, b, y) for b, c in train.items() for s, y in c.items()]
-    return Profile(points=pts, share_unit=unit)
+) -> RateTable:
+    pts = [RatePoint("gen", s, b, y) for b, c in gen.items() for s, y in c.items()]
+    pts += [RatePoint("train", s, b, y) for b, c in train.items() for s, y in c.items()]
+    return RateTable(points=pts, share_unit=unit)
 
 
 @st.composite
@@ -329,8 +329,8 @@ def test_sim_bound_ties_take_the_smallest_generator_batch():
 
 
 def test_sim_rate_reads_the_profiled_worker():
-    prof = Profile(
-        points=[ProfilePoint("sim", 1, 4, 90.0), ProfilePoint("sim", 1, 8, 100.0)],
+    prof = RateTable(
+        points=[RatePoint("sim", 1, 4, 90.0), RatePoint("sim", 1, 8, 100.0)],
         share_unit="threads",
     )
     assert sim_rate(prof, 2, batch=8) == 200.0
@@ -353,8 +353,8 @@ def test_drift_monitor_levels_then_window():
         DriftMonitor(threshold=1.0)
 
 
-def _with_sim(prof: Profile, per_worker: float, batch: int = 8) -> Profile:
-    return Profile(points=[*prof.points, ProfilePoint("sim", 1, batch, per_worker)])
+def _with_sim(prof: RateTable, per_worker: float, batch: int = 8) -> RateTable:
+    return RateTable(points=[*prof.points, RatePoint("sim", 1, batch, per_worker)])
 
 
 def test_a_slower_simulator_fires_and_frees_units_for_it():
@@ -465,17 +465,17 @@ def test_shared_cpu_allocation_is_the_best_split_it_can_price(case, per_core, wo
 def test_shared_cpu_model_prices_the_cores_a_stage_keeps_busy():
     # sims 200/s per core (5 ms), gen 1 thread 500/s (2 ms); the learner is the slow stage:
     # 1 thread 100/s, 2 threads 150/s
-    gen = ProfilePoint("gen", 1, 8, 500.0, busy_cores=1.0)
-    t1 = ProfilePoint("train", 1, 96, 100.0, busy_cores=1.0)
-    t2 = ProfilePoint("train", 2, 96, 150.0)
+    gen = RatePoint("gen", 1, 8, 500.0, busy_cores=1.0)
+    t1 = RatePoint("train", 1, 96, 100.0, busy_cores=1.0)
+    t2 = RatePoint("train", 2, 96, 150.0)
     pool = Pool(3, shared_with_sim=True, cores=2)
     # 2 learner threads counted as 2 busy cores: 2 / (5 + 2 + 13.3 ms) = 98.4/s < 100/s at 1
-    a = allocate(Profile([gen, t1, t2]), pool, sim_rate=400.0, sim_workers=2)
+    a = allocate(RateTable([gen, t1, t2]), pool, sim_rate=400.0, sim_workers=2)
     assert (a.gen_units, a.train_units) == (1, 1) and a.throughput == pytest.approx(100.0)
     # measured: the 2 threads keep 1.1 cores busy (they sleep at synchronisation points), so
     # the second thread is worth its CPU: 2 / (5 + 2 + 7.3 ms) = 139.5/s
     t2 = dataclasses.replace(t2, busy_cores=1.1)
-    a = allocate(Profile([gen, t1, t2]), pool, sim_rate=400.0, sim_workers=2)
+    a = allocate(RateTable([gen, t1, t2]), pool, sim_rate=400.0, sim_workers=2)
     assert (a.gen_units, a.train_units) == (1, 2)
     assert a.throughput == pytest.approx(2 / (1 / 200 + 1 / 500 + 1.1 / 150))
 

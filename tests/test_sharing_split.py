@@ -12,7 +12,7 @@ import pytest
 
 from ebrl.config import ConfigError, validate
 from ebrl.hardware import MachineFacts
-from ebrl.plan.profile import Profile as GpuProfile
+from ebrl.plan.profile import Profile
 from ebrl.resources import sharing
 from ebrl.resources.split import profile_curve
 from ebrl.train import _refuse_unwired_resources
@@ -33,7 +33,7 @@ def test_algorithm_1_gives_the_split_whose_slower_stage_is_fastest(gen_batch, tr
     )
     assert got.how == sharing.ALGORITHM1
     assert got.quotas["gen"] + got.quotas["learner"] == 100
-    prof = sharing.sm_profile(GpuProfile.load(PROFILE), gen_batch, train_samples)
+    prof = sharing.sm_rates(Profile.load(PROFILE), gen_batch, train_samples)
     gen = profile_curve(prof.curve("gen", gen_batch))
     train = profile_curve(prof.curve("train", train_samples))
     best = balance_brute_force(gen, train, 100, 5)

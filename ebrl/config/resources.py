@@ -78,7 +78,7 @@ class ResourcesNode:
     #: ... for this many consecutive steps (updates); None: scaled to the run, a tenth of its
     #: updates between 2 and 20 (a 10-update CPU sweep: 2, a run of 200 updates or more: 20)
     rebalance_patience: int | None = None
-    #: elastic: a stored profile (ebrl.resources.profiler.Profile JSON, threads) to allocate
+    #: elastic: a stored stage profile (ebrl-plan-profile/1, CPU threads) to allocate
     #: from (None: profile the run's policy at start and save it in the run folder)
     profile: str | None = None
 

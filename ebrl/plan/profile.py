@@ -1,5 +1,6 @@
-"""The stage-profile file the capacity planner reads: what each stage costs, alone, at each
-device share it may get.
+"""The stage-profile file the capacity planner and a run's Algorithm 1 read
+(``ebrl.resources.profiler.rate_table``): what each stage costs, alone, at each device share it
+may get.
 
 Format ``ebrl-plan-profile/1`` (JSON; ``docs/plan-profile.md`` is the field-by-field reference):
 
@@ -63,6 +64,8 @@ class Point:
         threads: torch threads (a CPU point), else None.
         share: the GPU share (a GPU point), else None.
         busy: cores the call keeps busy (CPU: its threads' work; GPU: its host thread's).
+        repeats_s: the call's seconds in each timed repeat, where kept (their spread is the
+            noise; ``seconds`` is their median).
     """
 
     size: int
@@ -70,6 +73,7 @@ class Point:
     threads: int | None = None
     share: float | None = None
     busy: float = 1.0
+    repeats_s: tuple[float, ...] = ()
 
     @property
     def device(self) -> str:
@@ -179,6 +183,8 @@ class StageProfile:
             d["share" if p.share is not None else "threads"] = (
                 p.share if p.share is not None else p.threads
             )
+            if p.repeats_s:
+                d["repeats_s"] = list(p.repeats_s)
             out.append(d)
         return out
 
@@ -195,6 +201,7 @@ class StageProfile:
                         threads=None if share is not None else int(d.get("threads", 1)),
                         share=None if share is None else float(share),
                         busy=float(d.get("busy", 1.0)),
+                        repeats_s=tuple(float(x) for x in d.get("repeats_s", ())),
                     )
                 )
             except (KeyError, TypeError, ValueError) as e:
@@ -290,6 +297,13 @@ class Profile:
         Raises:
             ProfileError: not a profile of this format, or a field is missing or invalid.
         """
+        if raw.get("format") is None and "points" in raw:
+            raise ProfileError(
+                "an untagged file of stage points is the run profile ebrl wrote before "
+                f"{FORMAT}, which it no longer reads: measure a new one (run without "
+                "resources.profile: the run writes profile.json in its folder; or python -m "
+                "ebrl.plan.measure --device cpu --levels 1,2 --out profile.json <overrides>)"
+            )
         if raw.get("format") != FORMAT:
             raise ProfileError(f"format {raw.get('format')!r}: this planner reads {FORMAT!r}")
         try:

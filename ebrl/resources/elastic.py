@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from ebrl.resources.monitors import DivergenceMonitor, DriftMonitor
-from ebrl.resources.profiler import Profile
+from ebrl.resources.profiler import RateTable
 from ebrl.resources.split import Allocation, Pool, allocate_with_sims, predict
 
 log = logging.getLogger(__name__)
@@ -107,7 +107,7 @@ class ElasticAllocator:
 
     def __init__(
         self,
-        profile: Profile,
+        profile: RateTable,
         pool: Pool,
         monitor: DivergenceMonitor | None = None,
         blend: float = 0.5,
@@ -138,7 +138,7 @@ class ElasticAllocator:
         self._sim: deque[float] = deque(maxlen=self.monitor.window)
         log.info("initial allocation: %s", self.current.describe())
 
-    def search(self, profile: Profile) -> Allocation:
+    def search(self, profile: RateTable) -> Allocation:
         """:func:`allocate_with_sims` with this allocator's pool, limits and simulators."""
         return allocate_with_sims(
             profile, self.pool, self.sim_workers, self.sim_batch, *self.limits, self.headroom

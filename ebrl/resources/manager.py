@@ -38,7 +38,7 @@ from typing import Any
 
 from ebrl.config import AllocatorKind, ResourcesNode
 from ebrl.resources.plan import PlanPolicy, StageRequest, cpu_plan, cpu_split, make_plan
-from ebrl.resources.profiler import Profile
+from ebrl.resources.profiler import RateTable
 from ebrl.resources.split import Allocation, AllocationError, Pool, allocate_with_sims
 from ebrl.resources.topology import Topology
 
@@ -217,7 +217,7 @@ def initial_resources(
     settings: ResourceSettings,
     topology: Topology,
     sim_workers: int,
-    profile: Profile | None = None,
+    profile: RateTable | None = None,
     max_gen_batch: int | None = None,
 ) -> RunResources:
     """The split a run starts with (see the module docstring).
@@ -274,7 +274,7 @@ def initial_resources(
 
 
 def _allocate(
-    profile: Profile | None,
+    profile: RateTable | None,
     pool: Pool,
     s: ResourceSettings,
     sim_workers: int,
@@ -307,8 +307,8 @@ def split_resources(
     )
 
 
-def restrict_train_batch(profile: Profile, minibatch: int) -> Profile:
-    """Keep only the train points at the profiled batch size nearest the run's minibatch.
+def restrict_train_batch(profile: RateTable, samples: int) -> RateTable:
+    """Keep only the train points at the profiled size nearest the run's decisions per update.
 
     The learner's minibatch is an algorithm setting (it changes the updates, not just their
     speed), so the allocator takes it as given rather than choosing it.
@@ -316,7 +316,7 @@ def restrict_train_batch(profile: Profile, minibatch: int) -> Profile:
     have = profile.batch_sizes("train")
     if not have:
         raise AllocationError("the profile has no 'train' points")
-    best = min(have, key=lambda b: (abs(b - minibatch), b))
+    best = min(have, key=lambda b: (abs(b - samples), b))
     pts = [p for p in profile.points if p.stage != "train" or p.batch_size == best]
     return dataclasses.replace(profile, points=pts)
 

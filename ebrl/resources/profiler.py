@@ -3,34 +3,32 @@
 A *stage function* ``stage_fn(share, batch_size) -> step`` prepares one measurement point (sets
 threads, builds inputs) and returns ``step() -> items``, one unit of work that reports how many
 items it processed; a step with a ``close`` attribute has it called after its point (envs).
-:func:`profile` times ``repeats`` steps per point after one warm-up step.
+:func:`profile` times ``repeats`` steps per point after one warm-up step into a
+:class:`RateTable`, the in-memory table Algorithm 1 (``ebrl.resources.split``) reads.
 The share is whatever the pool is counted in: torch threads (= cores) on CPU, SM percent on GPU.
 
 The stage functions of ebrl's own stages (a policy acting, PPO updates, an env group stepping)
 are in :mod:`ebrl.stages.profile`: this layer knows stages only through the callables it is
-given.
-
-A :class:`Profile` is saved as JSON with the machine, the date, the workload's config and how
-long profiling took; :meth:`Profile.compare` gives throughput ratios against another profile.
+given. A table is stored as a stage-profile file (``ebrl-plan-profile/1``,
+:class:`ebrl.plan.profile.Profile`); :func:`rate_table` reads one back.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-import json
 import math
 import os
 import platform
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
+from ebrl.plan.profile import Profile
 from ebrl.resources.apply import affinity_guard, threads_guard
 
 Step = Callable[[], float]
@@ -38,21 +36,22 @@ StageFn = Callable[[int, int], Step]
 
 
 @dataclass(frozen=True)
-class ProfilePoint:
+class RatePoint:
     """Throughput of one stage at one (share, batch size).
 
     Attributes:
         stage: ``gen``, ``train``, ``sim``.
         share: threads/cores on CPU, SM percent on GPU.
-        batch_size: items per step the stage was asked for.
+        batch_size: items per step the stage was asked for (train read from a profile file:
+            the decisions of an update, every minibatch; sim: 1, one worker).
         throughput: median over repeats of items per second (robust to a preempted repeat on
             a busy machine).
         samples: items per second of each repeat (their spread is the noise).
         busy_cores: CPU seconds per wall second while it ran (this process's CPU time over all
             its threads, median over repeats): the cores the stage keeps busy at this share.
             Threads that wait at a synchronisation point sleep (``OMP_WAIT_POLICY=PASSIVE``),
-            so a 2-thread learner may keep 1.2 cores busy, not 2. None: not measured (profiles
-            from before it was), and the allocator then counts the whole share as busy.
+            so a 2-thread learner may keep 1.2 cores busy, not 2. None: not measured (a table
+            made by hand), and the allocator then counts the whole share as busy.
     """
 
     stage: str
@@ -83,8 +82,8 @@ def machine_description() -> dict[str, Any]:
 
 
 @dataclass
-class Profile:
-    """Measured throughputs of one or more stages.
+class RateTable:
+    """Throughputs of one or more stages, by (share, batch size): what Algorithm 1 reads.
 
     Attributes:
         points: one per (stage, share, batch size).
@@ -95,7 +94,7 @@ class Profile:
         duration_s: seconds profiling took, per stage.
     """
 
-    points: list[ProfilePoint]
+    points: list[RatePoint]
     share_unit: str = "threads"
     machine: dict[str, Any] = field(default_factory=dict)
     created: str = ""
@@ -113,7 +112,7 @@ class Profile:
     def batch_sizes(self, stage: str) -> tuple[int, ...]:
         return tuple(sorted({p.batch_size for p in self.points if p.stage == stage}))
 
-    def point(self, stage: str, share: int, batch_size: int) -> ProfilePoint | None:
+    def point(self, stage: str, share: int, batch_size: int) -> RatePoint | None:
         """The profiled point at (stage, share, batch size), or None."""
         for p in self.points:
             if (p.stage, p.share, p.batch_size) == (stage, share, batch_size):
@@ -131,7 +130,7 @@ class Profile:
         return p.throughput
 
     def busy(self, stage: str, share: int, batch_size: int) -> float:
-        """The cores a stage keeps busy at ``share``: the profiled :attr:`ProfilePoint.busy_cores`
+        """The cores a stage keeps busy at ``share``: the profiled :attr:`RatePoint.busy_cores`
         where that point was measured with it, else the share itself (every unit busy)."""
         p = self.point(stage, share, batch_size)
         return float(share) if p is None or p.busy_cores is None else p.busy_cores
@@ -141,7 +140,7 @@ class Profile:
         pts = [p for p in self.points if p.stage == stage and p.batch_size == batch_size]
         return sorted((p.share, p.throughput) for p in pts)
 
-    def scaled(self, stage: str, factor: float) -> Profile:
+    def scaled(self, stage: str, factor: float) -> RateTable:
         """A copy with one stage's throughputs multiplied by ``factor`` (runtime feedback).
 
         Busy cores are kept: a stage that got slower (heavier work, a slower simulator) keeps
@@ -157,15 +156,15 @@ class Profile:
         ]
         return dataclasses.replace(self, points=pts)
 
-    def merge(self, other: Profile) -> Profile:
+    def merge(self, other: RateTable) -> RateTable:
         """Both profiles' points (``other`` wins where both measured a point)."""
         if other.share_unit != self.share_unit:
             raise ValueError(
-                f"Profile.merge: share units differ ({self.share_unit} vs {other.share_unit})"
+                f"RateTable.merge: share units differ ({self.share_unit} vs {other.share_unit})"
             )
         keep = {(p.stage, p.share, p.batch_size): p for p in self.points}
         keep.update({(p.stage, p.share, p.batch_size): p for p in other.points})
-        return Profile(
+        return RateTable(
             points=sorted(keep.values(), key=lambda p: (p.stage, p.batch_size, p.share)),
             share_unit=self.share_unit,
             machine=other.machine or self.machine,
@@ -174,7 +173,7 @@ class Profile:
             duration_s={**self.duration_s, **other.duration_s},
         )
 
-    def compare(self, other: Profile) -> dict[tuple[str, int, int], float]:
+    def compare(self, other: RateTable) -> dict[tuple[str, int, int], float]:
         """Throughput ratios ``self / other`` at every point both profiles measured.
 
         Keys are ``(stage, share, batch_size)``; a ratio above 1 means ``self`` is faster.
@@ -187,32 +186,6 @@ class Profile:
                 out[key] = p.throughput / theirs[key] if theirs[key] > 0 else math.inf
         return out
 
-    # -- JSON -----------------------------------------------------------------------------------
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> Profile:
-        pts = [ProfilePoint(**{**p, "samples": tuple(p.get("samples", ()))}) for p in d["points"]]
-        return cls(
-            points=pts,
-            share_unit=d.get("share_unit", "threads"),
-            machine=d.get("machine", {}),
-            created=d.get("created", ""),
-            workload=d.get("workload", {}),
-            duration_s=d.get("duration_s", {}),
-        )
-
-    def save(self, path: str | Path) -> Path:
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(self.to_dict(), indent=1) + "\n")
-        return path
-
-    @classmethod
-    def load(cls, path: str | Path) -> Profile:
-        return cls.from_dict(json.loads(Path(path).read_text()))
-
 
 def profile(
     stage_fn: StageFn,
@@ -224,7 +197,7 @@ def profile(
     share_unit: str = "threads",
     workload: dict[str, Any] | None = None,
     min_step_s: float = 0.0,
-) -> Profile:
+) -> RateTable:
     """Measure ``stage_fn`` at every (share, batch size).
 
     Each point: ``step = stage_fn(share, batch)``, one untimed warm-up step, then ``repeats``
@@ -270,10 +243,8 @@ def profile(
                         close()
                 tput = float(np.median(samples))
                 cores = float(np.median(busy))
-                points.append(
-                    ProfilePoint(stage, int(share), int(batch), tput, tuple(samples), cores)
-                )
-    return Profile(
+                points.append(RatePoint(stage, int(share), int(batch), tput, tuple(samples), cores))
+    return RateTable(
         points=points,
         share_unit=share_unit,
         machine=machine_description(),
@@ -281,3 +252,43 @@ def profile(
         workload={stage: dict(workload or {})},
         duration_s={stage: time.perf_counter() - t0},
     )
+
+
+def rate_table(profile: Profile, sizes: Mapping[str, int] | None = None) -> RateTable:
+    """A stage-profile file (:class:`~ebrl.plan.profile.Profile`, ``ebrl-plan-profile/1``) as
+    Algorithm 1's table, on CPU threads and GPU SM shares alike: each of gen's and train's
+    measured levels (threads, or a GPU share in SM percent) with the stage's items per second,
+    and the simulators' ``sim`` rate (one worker, one core: 1 / its mean chunk seconds).
+
+    Without ``sizes`` a stage's entries are its measured points, each ``size / seconds`` (a
+    point written from a measured rate ``x`` as ``b / x`` seconds reads back as ``x``); a
+    stage given a size in ``sizes`` gets one entry per level, at that size, from the level's
+    fitted cost (:meth:`~ebrl.plan.profile.StageProfile.curve`): the GPU split asks the run's
+    generator batch and learner samples, which need not have been measured.
+
+    Raises:
+        ValueError: gen measured on a CPU and train on a GPU, or the other way round.
+    """
+    devices = {profile.gen.device, profile.train.device}
+    if len(devices) > 1:
+        raise ValueError(f"a profile's gen and train are on one device, not {sorted(devices)}")
+    gpu = devices == {"gpu"}
+
+    def share(level: float) -> int:
+        return round(100 * level) if gpu else int(level)
+
+    points = []
+    for stage, prof in (("gen", profile.gen), ("train", profile.train)):
+        if sizes is not None and stage in sizes:
+            n = sizes[stage]
+            for level in prof.levels():
+                c = prof.curve(level)
+                points.append(RatePoint(stage, share(level), n, n / c.seconds(n), (), c.busy))
+            continue
+        for p in prof.points:
+            reps = tuple(p.size / s for s in p.repeats_s)
+            rate = p.size / p.seconds
+            points.append(RatePoint(stage, share(p.level), p.size, rate, reps, p.busy))
+    per_env = float(np.mean(profile.chunk_s))
+    points.append(RatePoint("sim", 1, 1, 1.0 / per_env, (), profile.sim_busy))
+    return RateTable(points, share_unit="sm_percent" if gpu else "threads")

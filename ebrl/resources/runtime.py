@@ -39,7 +39,7 @@ from ebrl.resources.elastic import ElasticAllocator, Reallocation
 from ebrl.resources.manager import ResourceSettings, RunResources, StageResources, split_resources
 from ebrl.resources.model import Shape
 from ebrl.resources.monitors import DivergenceMonitor
-from ebrl.resources.profiler import Profile
+from ebrl.resources.profiler import RateTable
 from ebrl.resources.shape import ShapeChoice, ShapeTrials, recalibrate, rerank
 from ebrl.resources.split import Allocation, AllocationError
 from ebrl.resources.topology import Topology
@@ -88,7 +88,7 @@ class RolloutMeter:
 
 
 def elastic_allocator(
-    profile: Profile,
+    profile: RateTable,
     current: RunResources,
     settings: ResourceSettings,
     max_gen_batch: int | None = None,

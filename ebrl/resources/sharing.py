@@ -148,30 +148,25 @@ class SplitDecision:
         return out
 
 
-def sm_profile(profile: Any, gen_batch: int, train_samples: int) -> Any:
+def sm_rates(profile: Any, gen_batch: int, train_samples: int) -> Any:
     """A GPU stage profile (``ebrl-plan-profile/1``: gen and train measured at GPU shares, an
-    MPS quota each; ``python -m ebrl.plan.measure --device cuda``) as Algorithm 1's input: each
-    stage's decisions/s at each measured share, in SM percent, at the run's generator batch and
-    learner samples per update.
+    MPS quota each; ``python -m ebrl.plan.measure --device cuda``) as Algorithm 1's input
+    (:func:`~ebrl.resources.profiler.rate_table`): each stage's decisions/s at each measured
+    share, in SM percent, at the run's generator batch and learner samples per update.
 
     Raises:
         ValueError: the profile was measured on CPU threads, not GPU shares.
     """
-    from ebrl.resources.profiler import Profile, ProfilePoint
+    from ebrl.resources.profiler import rate_table
 
-    points = []
-    for stage, prof, size in (("gen", profile.gen, gen_batch), ("train", profile.train,
-                                                                 train_samples)):  # fmt: skip
+    for stage, prof in (("gen", profile.gen), ("train", profile.train)):
         if prof.device != "gpu":
             raise ValueError(
                 f"the profile's {stage} points were measured on CPU threads, not GPU shares: "
                 "measure one on the GPU (python -m ebrl.plan.measure --device cuda --levels "
                 "0.25,0.5,1), or leave resources.gpu_profile null"
             )
-        for level in prof.levels():
-            seconds = prof.curve(level).seconds(size)
-            points.append(ProfilePoint(stage, round(100 * level), size, size / seconds))
-    return Profile(points, share_unit="sm_percent")
+    return rate_table(profile, {"gen": gen_batch, "train": train_samples})
 
 
 def decide_split(
@@ -205,10 +200,10 @@ def decide_split(
     shares = quotas(gen_gpus, learner_gpus)
     if profile is None or not together(gen_gpus, learner_gpus):
         return SplitDecision(shares, SHARES)
-    from ebrl.plan.profile import Profile as GpuProfile
+    from ebrl.plan.profile import Profile
     from ebrl.resources.split import Pool, allocate
 
-    prof = sm_profile(GpuProfile.load(profile), gen_batch, train_samples)
+    prof = sm_rates(Profile.load(profile), gen_batch, train_samples)
     alloc = allocate(prof, Pool(100, "sm_percent", min_units=min_pct))
     chosen = {"gen": alloc.gen_units, "learner": alloc.train_units}
     inputs = {
@@ -246,17 +241,16 @@ def check_gpu_profile(profile: str | None, gen_gpus: float, learner_gpus: float)
             "do not share one (each must ask a share below one GPU, together at most 1: "
             "+axis/scale=g1): leave it null"
         )
-    from ebrl.plan.profile import Profile as GpuProfile
-    from ebrl.plan.profile import ProfileError
+    from ebrl.plan.profile import Profile, ProfileError
 
     if not Path(profile).is_file():
         raise ValueError(f"{key}: no such file; give a profile from python -m ebrl.plan.measure "
                          "--device cuda, or leave it null")  # fmt: skip
     try:
-        loaded = GpuProfile.load(profile)
+        loaded = Profile.load(profile)
     except (ProfileError, OSError, ValueError) as e:
         raise ValueError(f"{key}: not a stage profile ({e})") from e
-    sm_profile(loaded, 1, 1)  # measured at GPU shares, or refused naming the fix
+    sm_rates(loaded, 1, 1)  # measured at GPU shares, or refused naming the fix
 
 
 def mig_choice(
@@ -345,7 +339,7 @@ class Resplit:
 class SMResplitter:
     """Algorithm 1 at run time over a shared GPU's SMs: the elastic allocator
     (:class:`~ebrl.resources.elastic.ElasticAllocator`) on the SM-percent profile the run's
-    split was chosen from (:func:`sm_profile`), fed each update's measured stage capacities;
+    split was chosen from (:func:`sm_rates`), fed each update's measured stage capacities;
     when they drift from the plan by more than ``threshold`` for ``window`` updates it searches
     the split again on the profile rescaled to what was measured.
 
@@ -369,13 +363,13 @@ class SMResplitter:
     ) -> None:
         import time
 
-        from ebrl.plan.profile import Profile as GpuProfile
+        from ebrl.plan.profile import Profile
         from ebrl.resources.elastic import ElasticAllocator
         from ebrl.resources.monitors import DivergenceMonitor
         from ebrl.resources.split import Pool
 
         self._clock = time.perf_counter
-        prof = sm_profile(GpuProfile.load(profile), gen_batch, train_samples)
+        prof = sm_rates(Profile.load(profile), gen_batch, train_samples)
         self.allocator = ElasticAllocator(
             prof, Pool(100, "sm_percent", min_units=min_pct), DivergenceMonitor(threshold, window)
         )

@@ -1,7 +1,7 @@
 """The elastic allocator's offline search (the paper's Algorithm 1): split a pool between gen and
 train.
 
-Offline: from a :class:`~ebrl.resources.profiler.Profile`, :func:`allocate` searches the split of
+Offline: from a :class:`~ebrl.resources.profiler.RateTable`, :func:`allocate` searches the split of
 a pool (cores/threads on CPU, SM percent on GPU) between gen and train, and their batch sizes, so
 that the pipeline's slowest stage is as fast as possible. For fixed batch sizes gen's throughput
 rises with its share ``g`` and train's falls (it gets ``pool - g``), so ``min(gen, train)`` peaks
@@ -39,7 +39,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from ebrl.resources.plan import StageRequest
-from ebrl.resources.profiler import Profile
+from ebrl.resources.profiler import RateTable
 
 Curve = Callable[[int], float]
 
@@ -85,7 +85,7 @@ class Allocation:
         gen_units: gen's part of the pool (threads / cores, or SM percent).
         train_units: train's part.
         gen_batch: generator batch size.
-        train_batch: learner minibatch size.
+        train_batch: the learner's profiled size (decisions an update trains on).
         gen_throughput: predicted gen items/s.
         train_throughput: predicted train items/s.
         pool: the pool split.
@@ -276,7 +276,7 @@ def first_at_least(curve: Curve, target: float, lo: int, hi: int) -> tuple[int |
     return a, evals
 
 
-def _batches(profile: Profile, stage: str, limit: int | None) -> list[int]:
+def _batches(profile: RateTable, stage: str, limit: int | None) -> list[int]:
     have = profile.batch_sizes(stage)
     if not have:
         raise AllocationError(f"allocate: the profile has no '{stage}' points")
@@ -302,7 +302,7 @@ def shared_cpu_rate(
     Per decision the simulators need ``1 / sim_per_core`` core-seconds, the generator
     ``gen_units / gen_rate`` (the cores it keeps busy, for ``1 / gen_rate`` seconds) and the
     learner ``train_units / train_rate``. ``gen_units`` and ``train_units`` are busy cores, not
-    threads: the profile's :meth:`~ebrl.resources.profiler.Profile.busy` (a thread waiting at a
+    threads: the profile's :meth:`~ebrl.resources.profiler.RateTable.busy` (a thread waiting at a
     synchronisation point sleeps), the thread count where it was not measured. The CPUs
     sustain ``cores`` core-seconds per second; the simulators cannot use more than
     ``min(sim_workers, cores)`` cores, and gen and train no more than their profiled capacity.
@@ -313,7 +313,7 @@ def shared_cpu_rate(
     return min(cores / demand, sim_per_core * min(sim_workers, cores), gen_rate, train_rate)
 
 
-def sim_rate(profile: Profile, workers: int, batch: int | None = None) -> float | None:
+def sim_rate(profile: RateTable, workers: int, batch: int | None = None) -> float | None:
     """The simulators' decisions/s: ``workers`` times one worker's profiled rate (None: the
     profile has no ``sim`` stage, or no workers). ``batch``: the worker's env group size (the
     profiled size nearest it; default the largest profiled)."""
@@ -325,7 +325,7 @@ def sim_rate(profile: Profile, workers: int, batch: int | None = None) -> float 
 
 
 def allocate(
-    profile: Profile,
+    profile: RateTable,
     pool: Pool,
     max_gen_batch: int | None = None,
     max_train_batch: int | None = None,
@@ -342,7 +342,7 @@ def allocate(
         profile: gen and train throughput curves, in the pool's unit.
         pool: what is split.
         max_gen_batch: largest usable generator batch (e.g. envs per group).
-        max_train_batch: largest usable minibatch (e.g. decisions per segment / minibatches).
+        max_train_batch: largest usable train size (decisions an update trains on).
         search: :func:`balance` (binary search) or :func:`balance_brute_force`.
         sim_rate: the simulators' decisions/s (:func:`sim_rate`; None: not modelled). A split is
             worth at most this much.
@@ -426,7 +426,7 @@ def allocate(
 
 
 def allocate_with_sims(
-    profile: Profile,
+    profile: RateTable,
     pool: Pool,
     sim_workers: int,
     sim_batch: int | None = None,
@@ -448,7 +448,7 @@ def allocate_with_sims(
     )
 
 
-def predict(profile: Profile, stage: str, units: int, batch: int) -> float:
+def predict(profile: RateTable, stage: str, units: int, batch: int) -> float:
     """The profile's throughput for a stage at any share (interpolated) and a profiled batch."""
     return profile_curve(profile.curve(stage, batch))(units)
 

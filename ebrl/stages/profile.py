@@ -8,8 +8,9 @@ defaults sized so a whole profile takes seconds:
   minibatch size divided by the update epochs, so they compare with gen's decisions).
 * :func:`sim_stage_fn`: one env group stepping action chunks in this process (items: env steps).
 
-:func:`profile_for_run` profiles a run's own policy and simulator; :func:`profile_cpu` an MLP on
-this machine. The resource manager calls these; it imports no policy, algorithm or env itself.
+:func:`profile_for_run` profiles a run's own policy and simulator into a stage-profile file
+(``ebrl-plan-profile/1``, :func:`to_profile`); :func:`profile_cpu` an MLP on this machine. The
+resource manager calls these; it imports no policy, algorithm or env itself.
 """
 
 from __future__ import annotations
@@ -25,10 +26,11 @@ import torch
 from ebrl.algos.loss import FlatBatch, sgd_update
 from ebrl.algos.ppo import PPOConfig
 from ebrl.envs.base import EnvGroup
+from ebrl.plan.profile import Point, Profile, StageProfile
 from ebrl.policies.base import PolicySpec
 from ebrl.policies.mlp import MLPPolicy
 from ebrl.resources.apply import pin
-from ebrl.resources.profiler import Profile, StageFn, Step, profile
+from ebrl.resources.profiler import RateTable, StageFn, Step, profile
 from ebrl.types import ActionChunk, Observation
 
 
@@ -45,12 +47,13 @@ def profile_for_run(
     threads: Sequence[int],
     gen_batches: Sequence[int],
     minibatch: int,
+    sim_group: int,
     repeats: int = 2,
     min_step_s: float = 0.05,
-    sim_group: int | None = None,
 ) -> Profile:
     """Profile this run's policy: gen at each thread count and batch, train at its minibatch,
-    and with ``sim_group`` one env worker's group of that many envs on one core (decisions/s).
+    and one env worker's group of ``sim_group`` envs on one core; as a stage-profile file
+    (:func:`to_profile`).
 
     Args:
         factory: a :class:`~ebrl.stages.factory.StageFactory` that knows the env spec; gen and
@@ -58,9 +61,9 @@ def profile_for_run(
         threads: thread counts to measure (the pool's possible shares).
         gen_batches: generator batch sizes to measure.
         minibatch: the learner's minibatch (decisions).
+        sim_group: envs per env worker.
         repeats: timed repeats per point.
         min_step_s: each repeat lasts at least this long.
-        sim_group: envs per env worker (None: no ``sim`` stage in the profile).
     """
     ppo = ppo_config(factory.cfg)
     policy = factory.policy()
@@ -76,8 +79,6 @@ def profile_for_run(
         shape,
         min_step_s,
     )
-    if sim_group is None:
-        return prof
     chunk = int(factory.cfg.get("chunk_size", policy.spec.chunk_size))
     sim = profile(
         sim_stage_fn(
@@ -92,7 +93,65 @@ def profile_for_run(
         workload={"simulator": str(factory.cfg.get("simulator", {}).get("name", "?"))},
         min_step_s=min_step_s,
     )
-    return prof.merge(sim)
+    table = prof.merge(sim)
+    simulator = factory.cfg.get("simulator") or {}
+    episode = simulator.get("max_episode_steps") or simulator.get("episode_len")
+    source = (
+        f"the run's offline profile (ebrl.stages.profile), {table.created} on "
+        f"{table.machine.get('host')} in {sum(table.duration_s.values()):.1f} s: policy "
+        f"{shape['policy']} ({shape['parameters']} parameters), simulator "
+        f"{str(simulator.get('_target_', '?')).rsplit('.', 1)[-1]}"
+    )
+    minibatches = max(1, ppo.num_minibatches)
+    return to_profile(table, minibatches, chunk, int(episode) if episode else None, source)
+
+
+def to_profile(
+    table: RateTable,
+    minibatches: int,
+    chunk_size: int,
+    episode_steps: int | None,
+    source: str,
+) -> Profile:
+    """Measured CPU rates (gen, train and sim from :func:`~ebrl.resources.profiler.profile`) as
+    a stage-profile file, which :func:`~ebrl.resources.profiler.rate_table` reads back to them.
+
+    A gen point at batch ``b`` with rate ``x`` is a call of ``b / x`` seconds. Train was timed a
+    minibatch ``B`` at a time, each segment decision counted once: an update of
+    ``B * minibatches`` decisions (every epoch and minibatch) takes ``B * minibatches / x``
+    seconds. The simulators' rate ``y`` (one worker on one core) is one env's chunk of ``1 / y``.
+
+    Args:
+        table: the rates, with ``gen``, ``train`` and ``sim`` points.
+        minibatches: the learner's minibatches per epoch (``algo.cfg.num_minibatches``).
+        chunk_size: K, env steps per decision.
+        episode_steps: env steps per episode (None: episodes never cut a chunk short).
+        source: how the numbers were made.
+    """
+
+    def points(stage: str, per: int) -> tuple[Point, ...]:
+        return tuple(
+            Point(
+                p.batch_size * per,
+                p.batch_size * per / p.throughput,
+                threads=p.share,
+                busy=table.busy(stage, p.share, p.batch_size),
+                repeats_s=tuple(p.batch_size * per / x for x in p.samples),
+            )
+            for p in table.points
+            if p.stage == stage
+        )
+
+    sim = next(p for p in table.points if p.stage == "sim")
+    return Profile(
+        (1.0 / sim.throughput,),
+        min(1.0, table.busy("sim", sim.share, sim.batch_size)),
+        StageProfile(points("gen", 1), "batch"),
+        StageProfile(points("train", minibatches), "samples"),
+        chunk_size=chunk_size,
+        episode_steps=episode_steps,
+        source=source,
+    )
 
 
 # --- run time ---------------------------------------------------------------------------------
@@ -144,7 +203,7 @@ def profile_gen_and_train(
     repeats: int,
     shape: dict[str, Any],
     min_step_s: float,
-) -> Profile:
+) -> RateTable:
     """Profile generation (``gen_policy``) and training (``train_policy`` under ``ppo_cfg``) over
     the same thread shares, and merge the two into one profile."""
     gen = profile(
@@ -322,7 +381,7 @@ def profile_cpu(
     hidden: int = 256,
     layers: int = 3,
     policy_factory: Callable[[], Any] | None = None,
-) -> Profile:
+) -> RateTable:
     """Profile gen and train of an MLP policy on this machine's CPUs (seconds at the defaults).
 
     The default sizes are PushCube's state observation and action dimensions with the run's

@@ -24,10 +24,12 @@ import dataclasses
 import json
 import logging
 import math
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from ebrl.plan.profile import Profile
 from ebrl.resources.manager import (
     ELASTIC,
     ResourceSettings,
@@ -40,7 +42,7 @@ from ebrl.resources.manager import (
     train_minibatch,
 )
 from ebrl.resources.model import Shape, Workload
-from ebrl.resources.profiler import Profile
+from ebrl.resources.profiler import rate_table
 from ebrl.resources.runtime import COUNTERS, RunTimeManager, elastic_allocator
 from ebrl.resources.shape import (
     Probes,
@@ -158,26 +160,29 @@ def setup(
         settings = dataclasses.replace(settings, gen_threads=g, train_threads=t)
     topo = topology or Topology(tuple(discover_cores()))
     out_dir = Path(run_dir) if run_dir is not None else None
-    profile = None
+    profile, took = None, 0.0
     if settings.allocator == ELASTIC:
         minibatch = train_minibatch(factory.cfg, decisions_per_env)
         if settings.profile:
-            profile = Profile.load(settings.profile)
+            stored = Profile.load(settings.profile)  # its format was checked by ebrl.train
             log.info("allocator profile: %s", settings.profile)
         else:
             units = pool_size(settings, topo, sim_workers)
-            profile = profile_for_run(
+            t0 = time.perf_counter()
+            stored = profile_for_run(
                 factory,
                 range(1, units),
                 gen_batch_candidates(group_size),
                 minibatch,
                 sim_group=group_size,
             )
-            took = sum(profile.duration_s.values())
-            log.info("profiled gen and train in %.1f s (threads 1..%d)", took, units - 1)
+            took = time.perf_counter() - t0
+            log.info("profiled gen, train and sim in %.1f s (threads 1..%d)", took, units - 1)
             if out_dir is not None:
-                profile.save(out_dir / "profile.json")
-        profile = restrict_train_batch(profile, minibatch)
+                stored.save(out_dir / "profile.json")
+        # train's points count the decisions of an update: every minibatch of the segment
+        samples = minibatch * max(1, ppo_config(factory.cfg).num_minibatches)
+        profile = restrict_train_batch(rate_table(stored), samples)
     res = initial_resources(settings, topo, sim_workers, profile, max_gen_batch=group_size)
     log.info("resources (%s): %s", settings.allocator, res.describe())
     elastic = None
@@ -187,7 +192,7 @@ def setup(
     if out_dir is not None and out_dir.exists():
         info = {"allocator": settings.allocator, **res.to_dict()}
         if profile is not None:
-            info["profile_s"] = sum(profile.duration_s.values())
+            info["profile_s"] = took
             info["profile"] = settings.profile or str(out_dir / "profile.json")
         (out_dir / "resources.json").write_text(json.dumps(info, indent=1, default=_json) + "\n")
     warmup = int(factory.cfg.get("warmup_iters", 1) or 1)
