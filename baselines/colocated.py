@@ -23,6 +23,13 @@ analogue (host memory is the device memory), so it is not reproduced.
 
 The loop is :class:`ebrl.schedulers.sync.SyncScheduler`'s, unchanged: this class only gives its
 stages all threads and puts an offloading wrapper around the generator.
+
+Over N devices (``ranks`` >= 2; ``conf/scheduler/colocated.yaml`` takes it from the scale point,
+one rank per GPU) RLinf's placement ``all`` puts every component on every device: N processes
+(``baselines/colocated_ranks.py``), each with num_envs/N of the envs, a generator of its own
+and a data-parallel learner rank, running this same loop in lock step; the update trains on
+every rank's rollout with the gradients summed over the ranks (``ebrl.runtime.dist``), so every
+rank ends each update with the same weights. ``ranks=1`` is the one-process path above.
 """
 
 from __future__ import annotations
@@ -34,7 +41,7 @@ from dataclasses import dataclass
 import torch
 
 from ebrl.policies.base import Policy
-from ebrl.schedulers.base import IterationReport, Stages
+from ebrl.schedulers.base import IterationReport, RunContext, Stages
 from ebrl.schedulers.sync import SyncScheduler
 from ebrl.stages import GenStage
 from ebrl.timeline import Timeline
@@ -130,14 +137,48 @@ class ColocatedScheduler(SyncScheduler):
             core this process may use).
         offload: drop the generator's weights after each rollout and reload them from the
             learner (RLinf's ``enable_offload``); off, the weights are only synchronised.
+        ranks: processes, one per device (RLinf's placement over N GPUs): each holds
+            num_envs/ranks envs, a generator and a data-parallel learner rank (1: every
+            stage in this process, as before).
+        device: where the ranks compute (ranks >= 2): null, the run's device (a GPU of its own
+            per rank where gpu is not cpu); ``cpu``: on the cores (a dry run of a GPU
+            configuration).
+        ray_address: the Ray cluster the ranks start on (ranks >= 2): ``local`` starts a
+            private one; ``auto`` joins a running cluster.
     """
 
     threads: int | None = None
     offload: bool = True
+    ranks: int = 1
+    device: str | None = None
+    ray_address: str = "local"
 
     def __post_init__(self) -> None:
         if self.threads is not None and self.threads < 1:
             raise ValueError(f"scheduler.threads={self.threads}: must be >= 1 (or null: all)")
+        if self.ranks < 1:
+            raise ValueError(
+                f"scheduler.ranks={self.ranks}: must be >= 1 (one Colocated process per device)"
+            )
+        if self.device not in (None, "cuda", "cpu"):
+            raise ValueError(
+                f"scheduler.device={self.device!r}: null (the run's device), 'cuda' or 'cpu'"
+            )
+        if self.device is not None and self.ranks == 1:
+            raise ValueError(
+                f"scheduler.device={self.device} places the ranks of a Colocated run over "
+                "several devices, and scheduler.ranks=1 runs every stage in this process on the "
+                "run's device: unset scheduler.device (gpu=cpu computes on the cores), or set "
+                "scheduler.ranks >= 2 (+axis/scale=g2 ...)"
+            )
+
+    def run(self, ctx: RunContext) -> Iterator[IterationReport]:
+        if self.ranks == 1:
+            yield from super().run(ctx)
+            return
+        from baselines.colocated_ranks import run_ranks  # Ray is imported only where used
+
+        yield from run_ranks(self, ctx)
 
     def _loop(self, st: Stages, ctx, builder, episodes) -> Iterator[IterationReport]:
         n = self.threads or all_cores()

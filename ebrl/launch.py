@@ -58,6 +58,7 @@ from ebrl.memory import dry_run_lines as memory_lines
 from ebrl.runtime.placement import (
     Placement,
     PlacementError,
+    colocated_asks,
     fake_cluster,
     gpus_used,
     place,
@@ -277,8 +278,18 @@ def _placed(job: dict[str, Any]) -> list[Placement]:
         int(lau.get("gpus_per_node", 0) or 0),
         float(lau.get("cpus_per_task") or 1),
     )
+    if _colocated_ranks(sched):  # one rank per GPU (a whole one) on a GPU run
+        gpus = 0.0 if str((job.get("gpu") or {}).get("name", "cpu")) == "cpu" else 1.0
+        asks = colocated_asks(int(sched["ranks"]), gpus)
+        return place(asks, nodes, gpu_setting={"colocated": "gpu"})
     keys = {"gen": "scale.gen_gpus", "learner": "scale.learner_gpus"}
     return place(role_asks(sched), nodes, gpu_setting=keys)
+
+
+def _colocated_ranks(sched: dict[str, Any]) -> bool:
+    """A Colocated scheduler node (``baselines/colocated.py``): its ``ranks`` processes hold
+    every stage each (``ranks=1``: every stage in the driver)."""
+    return "ranks" in sched and "gen_replicas" not in sched
 
 
 def _per_gpu(placed: list[Placement]) -> str:
@@ -298,6 +309,14 @@ def _per_gpu(placed: list[Placement]) -> str:
     parts = [f"{k} (x{n})" for k, n in sorted(held.items())]
     node_sims = Counter(sims.values())
     out = f"per GPU: {', '.join(parts) or 'none'}"
+    if not sims:  # Colocated: each rank steps its envs in its own process
+        ranks = Counter(p.node.node_id for p in placed if p.role == "colocated")
+        node_ranks = Counter(ranks.values())
+        return (
+            out
+            + "; per node: "
+            + ", ".join(f"{k} Colocated ranks (x{n})" for k, n in sorted(node_ranks.items()))
+        )
     return (
         out
         + "; per node: "
@@ -310,14 +329,28 @@ def roles_line(job: dict[str, Any]) -> str:
     that uses (its roles placed on a cluster of the job's shape, :func:`_placed`): env
     workers, generator replicas x GPU share, learner ranks x GPU share, what each GPU holds.
 
-    A scheduler without roles (sync, colocated: every stage in the driver process) uses at most
-    one device; a real RLinf launch places its own components."""
+    A scheduler without roles (sync: every stage in the driver process) uses at most one
+    device; Colocated places its ranks (one per GPU at a scale point, each with its share of
+    the envs, a generator and a learner rank); a real RLinf launch places its own components."""
     sched = job.get("scheduler") or {}
     lau = job.get("launcher") or {}
     asked = _asked(job)
     groups = placement_groups(job)
     pinned = "; node groups: " + ", ".join(f"{r} on {g}" for r, g in groups.items())
     pinned = pinned if groups else ""
+    if _colocated_ranks(sched) and int(sched["ranks"]) > 1:
+        n = int(sched["ranks"])
+        envs = int(job.get("num_envs") or 0)
+        try:
+            placed = _placed(job)
+            used, where = gpus_used(placed), "; " + _per_gpu(placed)
+        except PlacementError as e:
+            used, where = 0, f"; cannot place: {e}"
+        line = (
+            f"roles: {n} Colocated ranks, each {envs // n} envs + a generator + a learner rank, "
+            f"in turn; GPUs used {used} of {asked} asked"
+        )
+        return line + where + _cluster_note(lau, sched) + pinned
     if "gen_replicas" not in sched:
         kind = str(sched.get("_target_", "?")).rsplit(".", 1)[-1]
         on_gpu = str((job.get("gpu") or {}).get("name", "cpu")) != "cpu"
@@ -354,15 +387,31 @@ def gpu_refusal(job: dict[str, Any]) -> str | None:
             f"reserves {asked} GPU(s) but gpu=cpu: the policy would compute on the CPU cores; "
             f"set gpu=<the GPU type> (conf/gpu/), or launcher.gpus_per_node=0, {ok}"
         )
+    if _colocated_ranks(sched) and int(sched["ranks"]) > 1:
+        try:
+            used = gpus_used(_placed(job))
+        except PlacementError as e:
+            return f"its Colocated ranks do not fit the {asked} GPU(s) it reserves: {e}"
+        if used < asked:
+            return (
+                f"its {sched['ranks']} Colocated ranks use {used} of the {asked} GPUs it "
+                f"reserves: one rank per GPU (scheduler.ranks, from scale.learner_ranks: "
+                f"+axis/scale=g{asked}), {ok}"
+            )
+        return None
     if "gen_replicas" not in sched:
         if asked == 1:
             return None
         kind = str(sched.get("_target_", "?")).rsplit(".", 1)[-1]
+        fix = (
+            f"run a Colocated rank per GPU (scheduler=colocated scheduler.ranks={asked}, or "
+            f"+axis/scale=g{asked})"
+            if _colocated_ranks(sched)
+            else "give it one GPU (launcher.nodes=1 launcher.gpus_per_node=1)"
+        )
         return (
             f"{kind} runs every stage in one process: it would compute on 1 GPU of the {asked} "
-            "this job reserves, a weakened baseline (a Colocated worker per GPU with "
-            "data-parallel learner ranks, as RLinf runs it, is not implemented here); give it "
-            f"one GPU (launcher.nodes=1 launcher.gpus_per_node=1), {ok}"
+            f"this job reserves, a weakened baseline; {fix}, {ok}"
         )
     if not (float(sched.get("gen_gpus") or 0) or float(sched.get("learner_gpus") or 0)):
         return (

@@ -238,7 +238,8 @@ def estimate(job: Mapping[str, Any]) -> list[RoleMemory] | None:
 
     A role with a GPU share below one plans with that share of the GPU's memory (roles packed
     onto one GPU share its memory as they share its SMs); sync and Colocated hold the learner
-    and the generator's copy of the policy in one process on one GPU. An FSDP learner's
+    and the generator's copy of the policy in one process on one GPU (Colocated over N GPUs:
+    one such process per GPU, a data-parallel learner rank each). An FSDP learner's
     weights, gradients and moments are split over its ranks. The learner's micro-batch is
     ``algo.cfg.micro_batch`` where set, else the largest that fits (:func:`fit_micro_batch`).
     """
@@ -268,8 +269,8 @@ def estimate(job: Mapping[str, Any]) -> list[RoleMemory] | None:
         if share["learner"] <= 0:
             return roles or None
         where = f"({share['learner']:g} of one {gpu['name']})"
-    else:  # sync / Colocated: every stage in one process on one GPU, two copies of the policy
-        ranks, shard = 1, 1
+    else:  # sync / Colocated: every stage in one process per GPU, two copies of the policy
+        ranks, shard = int(sched.get("ranks", 1) or 1), 1  # Colocated: a process per GPU
         learner_budget = int(USABLE * memory) - params * wb
         roles, where = [], f"(one {gpu['name']}, beside the generator's copy)"
     fixed = (params * wb + trainable * wb * (1 + ADAM_MOMENTS)) // shard

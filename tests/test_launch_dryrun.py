@@ -282,31 +282,35 @@ def test_train_refuses_an_axis_before_its_sweep():
 # --- every GPU a job reserves is used (issue 43) -----------------------------------------------
 def test_the_full_size_jobs_on_ebrls_workers_use_every_gpu_they_reserve(capsys):
     code, out = dry_run(capsys, "headline_full", "policy=pi0", "gpu=h100", "seed=0")
-    assert code == 0  # Colocated is not in the full sweeps (below: refused on 8 GPUs)
+    assert code == 0  # Colocated included: a rank per GPU (below)
     assert "GPUs used 8 of 8 asked; per GPU: 1 gen + 1 learner (x8); per node: 64 env" in out
-    for sched in ("Hybrid", "Async", "EBRL"):  # each job's roles are printed
+    for sched in ("Colocated", "Hybrid", "Async", "EBRL"):  # each job's roles are printed
         assert f"scheduler={sched.lower()} seed=0" in out
-    assert out.count("GPUs used 8 of 8 asked") == 3
+    assert out.count("GPUs used 8 of 8 asked") == 4
     assert "computes on the CPU" not in out
 
 
-def test_colocated_on_eight_gpus_is_refused_naming_the_override(capsys):
-    code, out = dry_run(
-        capsys, "headline_full", "policy=pi0", "gpu=h100", "scheduler=colocated", "seed=0"
-    )
-    assert code == 1 and "1 job(s) fail validation" in out
+def test_colocated_on_eight_gpus_runs_a_rank_per_gpu(capsys):
+    """RLinf's Colocated over the job's 8 GPUs: 8 ranks, each a GPU of its own with 1/8 of the
+    envs, a generator and a learner rank (baselines/colocated_ranks.py)."""
+    args = ("headline_full", "policy=pi0", "gpu=h100", "scheduler=colocated", "seed=0")
+    code, out = dry_run(capsys, *args)
+    assert code == 0
+    assert (
+        "roles: 8 Colocated ranks, each 32 envs + a generator + a learner rank, in turn; GPUs "
+        "used 8 of 8 asked; per GPU: 1 colocated (x8); per node: 8 Colocated ranks (x1)"
+    ) in out
+    # fewer ranks than GPUs leaves some idle: refused, naming the fix
+    code, out = dry_run(capsys, *args, "scheduler.ranks=4")
+    assert code == 1 and "its 4 Colocated ranks use 4 of the 8 GPUs it reserves" in out
+    assert "+axis/scale=g8" in out and "launcher.allow_idle_gpus=true" in out
+    # one process on 8 GPUs: refused, naming the ranks that use them
+    code, out = dry_run(capsys, *args, "scheduler.ranks=1")
+    assert code == 1
     assert "ColocatedScheduler runs every stage in one process: it would compute on 1 GPU of " \
         "the 8 this job reserves" in out  # fmt: skip
-    assert "launcher.allow_idle_gpus=true" in out
-    code, out = dry_run(
-        capsys,
-        "headline_full",
-        "policy=pi0",
-        "gpu=h100",
-        "scheduler=colocated",
-        "seed=0",
-        "launcher.allow_idle_gpus=true",
-    )
+    assert "scheduler.ranks=8" in out and "launcher.allow_idle_gpus=true" in out
+    code, out = dry_run(capsys, *args, "scheduler.ranks=1", "launcher.allow_idle_gpus=true")
     assert code == 0 and "GPUs used 1 of 8 asked" in out
 
 

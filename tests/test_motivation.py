@@ -323,15 +323,11 @@ def test_motivation_sweeps_plan(tmp_path):
     from ebrl import launch
 
     full = launch.plan("motivation_full", [f"tracking.store={tmp_path}"])
-    # Colocated runs every stage in one process: its job reserves the one GPU it computes on
-    # (on 8 it would use 1 of them: refused, tests/test_launch_dryrun.py); the others all 8
+    # every mode on the node's 8 GPUs (Colocated: a rank per GPU), one array
     assert not full.errors and full.n_jobs == 4
-    by_gpus = {a.params["gpus_per_node"]: a for a in full.arrays}
-    assert sorted(by_gpus) == [1, 8] and all(a.launcher == "slurm" for a in full.arrays)
-    assert [j.overrides for j in by_gpus[1].jobs] == [
-        ("+axis/motivation=colocated_one_gpu", "seed=0", f"tracking.store={tmp_path}")
-    ]
-    assert [j.overrides for j in by_gpus[8].jobs] == [
+    (array,) = full.arrays
+    assert array.launcher == "slurm" and array.params["gpus_per_node"] == 8
+    assert [j.overrides for j in array.jobs] == [
         (f"+axis/motivation={s}", "seed=0", f"tracking.store={tmp_path}")
-        for s in ("hybrid", "async", "ebrl")
+        for s in ("colocated", "hybrid", "async", "ebrl")
     ]

@@ -25,6 +25,8 @@ from .conftest import TINY, make_cfg
 CASES = {
     "sync": ["scheduler=sync"],
     "colocated": ["scheduler=colocated"],
+    # RLinf's Colocated over two devices: two rank processes (Ray), the leader checkpoints
+    "colocated-2ranks": ["scheduler=colocated", "scheduler.ranks=2"],
     "hybrid": ["scheduler=hybrid", "scheduler.backend=inprocess", "num_envs=4"],
     "async": ["scheduler=async", "scheduler.backend=inprocess"],
     "ebrl-threads": ["scheduler=ebrl", "scheduler.backend=inprocess"],
@@ -43,7 +45,13 @@ def _rows(tmp_path):
     return [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
 
 
-@pytest.mark.parametrize("case", list(CASES))
+#: cases that start Ray twice: make test-slow
+SLOW = {"colocated-2ranks"}
+
+
+@pytest.mark.parametrize(
+    "case", [pytest.param(c, marks=pytest.mark.slow) if c in SLOW else c for c in CASES]
+)
 def test_a_second_attempt_continues_the_first(case, tmp_path):
     extra = CASES[case]
     first = train(_cfg(tmp_path, extra, 3))

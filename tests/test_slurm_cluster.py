@@ -810,21 +810,23 @@ def test_srun_binds_each_task_to_the_cpus_the_job_asked_for(tmp_path):
 
 # --- the dry run ------------------------------------------------------------------------------
 def test_dry_run_says_a_two_node_job_starts_a_ray_cluster():
-    from ebrl.launch import describe, plan
+    from ebrl.launch import IDLE_OK, describe, plan
 
-    # Colocated on 16 GPUs uses one: the dry run refuses it unless let through (issue 43)
+    # sync on 16 GPUs uses one: the dry run refuses it unless let through (issue 43)
     p = plan(
         "scaling_full",
-        ["+axis/scale=g16", "scheduler=ebrl,colocated", "seed=0", "launcher.allow_idle_gpus=true"],
+        ["+axis/scale=g16", "scheduler=ebrl,colocated,sync", "seed=0", IDLE_OK + "=true"],
     )
     assert not p.errors
     text = describe(p, dry_run=True)
     print(text)
     assert "#SBATCH --nodes=2" in text and "(2 tasks per job:" in text
-    ebrl, colocated = (p.roles[j.index] for a in p.arrays for j in a.jobs)
-    assert "starts a Ray cluster over its 2 nodes" in ebrl
-    assert "scheduler.ray_address=auto" in ebrl
-    assert "no Ray cluster" in colocated
+    ebrl, colocated, sync = (p.roles[j.index] for a in p.arrays for j in a.jobs)
+    # EBRL's workers and Colocated's 16 ranks (Ray actors) run over both nodes
+    for roles in (ebrl, colocated):
+        assert "starts a Ray cluster over its 2 nodes" in roles
+        assert "scheduler.ray_address=auto" in roles
+    assert "no Ray cluster" in sync
     # a one-node job says nothing of a cluster
     p = plan("scaling_full", ["+axis/scale=g8", "scheduler=ebrl", "seed=0"])
     assert "Ray cluster" not in describe(p, dry_run=True)

@@ -110,8 +110,8 @@ class ScaleConfig:
     """The roles a run asks for at scale (issue 16), for the schedulers on EBRL's workers: the
     ``ebrl``, ``hybrid`` and ``async`` scheduler nodes take their role settings from here
     (``conf/scheduler/*.yaml`` interpolate them), so one scale point (``conf/axis/scale/``) sizes
-    every scheduler of a sweep alike. ``sync`` and ``colocated`` run every stage in the driver
-    process and have no roles (the dry run says so)."""
+    every scheduler of a sweep alike. ``colocated`` runs ``learner_ranks`` processes, each with
+    every stage (``scheduler.ranks``: one per GPU); ``sync`` runs every stage in the driver."""
 
     #: env worker processes (scheduler.sim_workers)
     sim_workers: int = 2

@@ -42,9 +42,16 @@ from typing import Any
 
 #: roles in the order they are placed: learners and generators take GPUs first, sim workers
 #: follow the replica they feed
-ROLES = ("learner", "gen", "sim")
-#: how a worker is named in messages and tables
-ROLE_NOUN = {"sim": "sim worker", "gen": "gen replica", "learner": "learner rank"}
+ROLES = ("learner", "gen", "sim", "colocated")
+#: how a worker is named in messages and tables; a ``colocated`` rank is one process of RLinf's
+#: Colocated mode holding its share of the envs, a generator and a learner rank
+#: (``baselines/colocated_ranks.py``)
+ROLE_NOUN = {
+    "sim": "sim worker",
+    "gen": "gen replica",
+    "learner": "learner rank",
+    "colocated": "Colocated rank",
+}
 #: Ray resources that are options of their own (``num_cpus``, ``num_gpus``), not ``resources``
 BUILTIN = ("CPU", "GPU")
 #: resources every Ray node reports of itself (not a group a user declares)
@@ -65,7 +72,7 @@ class Ask:
     """What one worker asks for.
 
     Attributes:
-        role: ``sim``, ``gen`` or ``learner``.
+        role: ``sim``, ``gen``, ``learner`` or ``colocated``.
         index: the worker's index within its role (sim worker w, replica r, rank l).
         gpus: whole GPUs (1, 2, ...) or a share of one (0 < gpus < 1); 0: none.
         cpus: cores it needs (Ray counts them only with ``place(..., count_cpus=True)``).
@@ -283,6 +290,8 @@ class NodeGroups:
     gen: str | None = None
     #: the learner ranks' node group (None: any node)
     learner: str | None = None
+    #: the ranks of scheduler=colocated over several GPUs (None: any node)
+    colocated: str | None = None
 
 
 @dataclass
@@ -363,6 +372,14 @@ def role_asks(
         for i in range(int(sched["learner_ranks"]))
     ]  # fmt: skip
     return asks
+
+
+def colocated_asks(ranks: int, gpus: float, group: str | None = None) -> list[Ask]:
+    """The asks of RLinf's Colocated mode over ``ranks`` processes: one per rank, each with
+    ``gpus`` (a whole GPU on a GPU run, 0 on the cores), on node group ``group``
+    (``placement.groups.colocated``). What ``baselines/colocated_ranks.py`` places and the dry
+    run checks; placed in rank order, one node filled before the next (rank i on GPU i)."""
+    return [Ask("colocated", i, gpus=float(gpus), group=group) for i in range(int(ranks))]
 
 
 # --- placing ----------------------------------------------------------------------------------
@@ -504,7 +521,7 @@ def _load(a: Ask, f: _Free, free: list[_Free]) -> tuple[float, ...]:
     node with a GPU that holds none of its role (one learner rank, one replica per GPU)."""
     rank = free.index(f)
     shared = float(0 < a.gpus < 1 and not f.alone(a))
-    if a.role == "learner":  # fill one node before the next, one rank per GPU
+    if a.role in ("learner", "colocated"):  # fill one node before the next, one rank per GPU
         return (shared, rank)
     weight = f.node.gpus if a.gpus > 0 else f.node.cpus
     # round robin weighted by capacity: the node with the fewest of this role per unit

@@ -478,9 +478,11 @@ def plan_node(
 def wants_cluster(scheduler: Mapping[str, Any] | None) -> bool:
     """Whether a job's scheduler runs its workers on Ray and lets the job choose the cluster:
     ``backend: ray`` and ``ray_address`` ``local`` (the default) or ``auto``. A scheduler without
-    Ray (sync, colocated: every stage in the driver) or with a cluster address of its own gets
-    no cluster from the job."""
+    Ray (sync, and Colocated with one rank: every stage in the driver) or with a cluster address
+    of its own gets no cluster from the job; Colocated's ranks (``ranks`` >= 2) are Ray actors."""
     if not scheduler or "ray_address" not in scheduler:
+        return False
+    if int(scheduler.get("ranks", 2) or 2) < 2:  # Colocated in one process
         return False
     return (
         str(scheduler.get("backend", "ray")) == "ray"
