@@ -153,11 +153,13 @@ fi
 if [ "$DRY" = "1" ]; then
   # the dry run's regime computes on the cores with no GPU share; the MPS path runs here: EBRL
   # at the g1 point's GPU shares on the fake GPU layer (scheduler.device=cpu: torch here has
-  # no GPU), the fake daemon's servers and clients listed while it goes
+  # no GPU), the fake daemon's servers and clients listed while it goes: 20 updates, not the
+  # sweep's 3, so that the run outlives the listing (3 tiny updates ended before it on a quiet
+  # machine: "servers none", the daemon already gone)
   t=$(budget "$T_MPS"); phase "2b. MPS on the fake GPU layer: EBRL at gpu=h100, half the GPU per role" "$t"
   env "${FAKE_ENV[@]}" timeout -k 20 "$t" "$PY" -m ebrl.launch "$SWEEP" --out "$WORK/mps" \
     gpu=h100 launcher.gpus_per_node=1 scale.gen_gpus=0.5 scale.learner_gpus=0.5 scheduler=ebrl seed=0 \
-    scheduler.device=cpu "${TRACK[@]}" >"$WORK/mps.log" 2>&1 &
+    scheduler.device=cpu budget.iterations=20 "${TRACK[@]}" >"$WORK/mps.log" 2>&1 &
   run=$!
   watch_mps "$WORK/mps" "$run"
   wait "$run" || { echo "the MPS run: failed or over $t s (see runs.tar.gz: mps.log)"; status=1; }
