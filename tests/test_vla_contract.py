@@ -4,7 +4,8 @@ every job) refuses a policy and simulator whose observation or action contract d
 the shipped full-size sweeps set what their VLAs read.
 
 Each policy declares what it reads (``policy.reads``, conf/policy/*.yaml) and each simulator
-node what it gives with its settings (``gives()``, ebrl/config/simulators.py), beside the components.
+node what it gives with its settings (``gives()``, ebrl/config/simulators.py), beside the
+components.
 """
 
 from __future__ import annotations
