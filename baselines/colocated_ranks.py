@@ -57,6 +57,7 @@ from ebrl.stages.factory import StageFactory
 from ebrl.stages.train import TrainStage
 from ebrl.timeline import Span, Timeline
 from ebrl.types import Segment
+from ebrl.utilisation import ray_local_gpus
 
 log = logging.getLogger(__name__)
 
@@ -267,23 +268,6 @@ def rank_envs(factory: StageFactory, ranks: int, env_groups: int) -> list[list[i
     return factory.env_partition(ranks)
 
 
-def _local_gpus(address: str, gpus: float) -> int | None:
-    """GPUs for a Ray instance the run starts: those NVML shows this process where the ranks
-    ask for GPUs (as ``EBRLScheduler`` declares them); None (Ray detects) otherwise."""
-    if address != "local" or gpus <= 0:
-        return None
-    from ebrl.utilisation import _nvml, visible_gpus
-
-    nvml = _nvml()
-    if nvml is None:
-        return 0
-    try:
-        return len(visible_gpus(nvml))
-    finally:
-        with contextlib.suppress(Exception):
-            nvml.nvmlShutdown()
-
-
 def _wait_all(refs: list) -> list:
     """Every result of ``refs``; raises as soon as one fails (a rank's error, or its death),
     without waiting for the others (they may wait for it in a collective)."""
@@ -343,7 +327,7 @@ def run_ranks(sched: ColocatedScheduler, ctx: RunContext) -> Iterator[IterationR
     on_gpu = str((factory.cfg.get("gpu") or {}).get("name", "cpu")) != "cpu"
     gpus = 1.0 if on_gpu else 0.0
     device = sched.device or ("cuda" if on_gpu else "cpu")
-    backend = RayBackend(sched.ray_address, num_gpus=_local_gpus(sched.ray_address, gpus))
+    backend = RayBackend(sched.ray_address, num_gpus=ray_local_gpus(sched.ray_address, gpus > 0))
     handles: list = []
     try:
         group = placement_groups(factory.cfg).get("colocated")

@@ -324,6 +324,16 @@ def _per_gpu(placed: list[Placement]) -> str:
     )
 
 
+def _gpus_and_table(job: dict) -> tuple[float, str]:
+    """The GPUs a job's placement uses and its per-GPU table ("; ..."), or 0 and why it
+    cannot be placed."""
+    try:
+        placed = _placed(job)
+    except PlacementError as e:
+        return 0, f"; cannot place: {e}"
+    return gpus_used(placed), "; " + _per_gpu(placed)
+
+
 def roles_line(job: dict[str, Any]) -> str:
     """What a job's scheduler places, per role, and how many of the GPUs it asks Slurm for
     that uses (its roles placed on a cluster of the job's shape, :func:`_placed`): env
@@ -341,11 +351,7 @@ def roles_line(job: dict[str, Any]) -> str:
     if _colocated_ranks(sched) and int(sched["ranks"]) > 1:
         n = int(sched["ranks"])
         envs = int(job.get("num_envs") or 0)
-        try:
-            placed = _placed(job)
-            used, where = gpus_used(placed), "; " + _per_gpu(placed)
-        except PlacementError as e:
-            used, where = 0, f"; cannot place: {e}"
+        used, where = _gpus_and_table(job)
         line = (
             f"roles: {n} Colocated ranks, each {envs // n} envs + a generator + a learner rank, "
             f"in turn; GPUs used {used} of {asked} asked"
@@ -359,11 +365,7 @@ def roles_line(job: dict[str, Any]) -> str:
         return line + _cluster_note(lau, sched) + pinned
     r, ll = int(sched["gen_replicas"]), int(sched["learner_ranks"])
     gg, lg = float(sched["gen_gpus"]), float(sched["learner_gpus"])
-    try:
-        placed = _placed(job)
-        used, where = gpus_used(placed), "; " + _per_gpu(placed)
-    except PlacementError as e:
-        used, where = 0, f"; cannot place: {e}"
+    used, where = _gpus_and_table(job)
     line = (
         f"roles: {sched['sim_workers']} env workers, {r} gen replica(s) x {gg:g} GPU, "
         f"{ll} learner rank(s) x {lg:g} GPU; GPUs used {used:g} of {asked} asked"

@@ -88,6 +88,23 @@ def visible_gpus(nvml: Any) -> list[int]:
     return out
 
 
+def ray_local_gpus(address: str, asks_gpu: bool) -> int | None:
+    """GPUs to declare to a Ray instance a run starts itself (``address == "local"``) whose
+    roles ask for a GPU: those NVML shows this process (``CUDA_VISIBLE_DEVICES`` narrows them;
+    0 without NVML); None (Ray detects them) otherwise, or when joining a cluster (its nodes
+    say what they have)."""
+    if address != "local" or not asks_gpu:
+        return None
+    nvml = _nvml()
+    if nvml is None:
+        return 0
+    try:
+        return len(visible_gpus(nvml))
+    finally:
+        with contextlib.suppress(Exception):
+            nvml.nvmlShutdown()
+
+
 def _busy_pct(before: Any, after: Any) -> float:
     """A core's busy % between two ``psutil.cpu_times`` readings (time neither idle nor
     waiting for I/O, as psutil counts it)."""

@@ -95,6 +95,7 @@ from ebrl.schedulers.ebrl.wiring import (
     wire,
 )
 from ebrl.schedulers.ebrl.workers import EnvWorker, GenWorker, LearnerWorker, Schedule
+from ebrl.utilisation import ray_local_gpus
 
 log = logging.getLogger(__name__)
 
@@ -425,7 +426,12 @@ class EBRLScheduler:
         backend = (
             InProcessBackend()
             if self.backend == "inprocess"
-            else RayBackend(self.ray_address, num_gpus=self._local_gpus())
+            else RayBackend(
+                self.ray_address,
+                num_gpus=ray_local_gpus(
+                    self.ray_address, self.gen_gpus > 0 or self.learner_gpus > 0
+                ),
+            )
         )
         authkey, host = new_authkey(), node_ip()
         inbox = Inbox(authkey)
@@ -820,23 +826,6 @@ class EBRLScheduler:
         if getattr(self, f"{role}_gpus", 0.0) <= 0:
             return "cpu"
         return self.device or "cuda"
-
-    def _local_gpus(self) -> int | None:
-        """GPUs for the Ray instance this run starts: the ones NVML shows this process
-        (``CUDA_VISIBLE_DEVICES`` narrows them) where a role asks for a GPU; None (Ray
-        detects them) otherwise, or when joining a cluster (its nodes say what they have)."""
-        if self.ray_address != "local" or (self.gen_gpus <= 0 and self.learner_gpus <= 0):
-            return None
-        from ebrl.utilisation import _nvml, visible_gpus
-
-        nvml = _nvml()
-        if nvml is None:
-            return 0
-        try:
-            return len(visible_gpus(nvml))
-        finally:
-            with contextlib.suppress(Exception):
-                nvml.nvmlShutdown()
 
     def _relay(
         self,
