@@ -167,27 +167,27 @@ def shipped(monkeypatch, state: NodeState):
     """The scheduler of ``scheduler=ebrl +axis/scale=g1 gpu=h100``, as the run builds it."""
     FakeCluster.started = []
     monkeypatch.setattr(
-        "ebrl.schedulers.ebrl.scheduler.ClusterMPS", lambda control: FakeCluster(control, state)
+        "ebrl.schedulers.ebrl.gpu.ClusterMPS", lambda control: FakeCluster(control, state)
     )
     s = instantiate(make_cfg(["scheduler=ebrl", "+axis/scale=g1", "gpu=h100"]).scheduler)
     assert s.ray_address == "local" and s.gen_gpus == s.learner_gpus == 0.5
-    s.placed = []
+    s.gpu.placed = []
     return s
 
 
 def test_the_shipped_g1_config_starts_a_daemon_on_its_node(monkeypatch):
     """Issue 42: with the shipped ``ray_address: local`` no daemon was started."""
     s = shipped(monkeypatch, NodeState("started", "/tmp/p", (1,)))
-    s.start_mps({"n1": "10.0.0.1"})
+    s.gpu.start_mps({"n1": "10.0.0.1"})
     assert FakeCluster.started == [{"n1": "10.0.0.1"}]
-    assert s.sharing == Sharing.mps
+    assert s.gpu.sharing == Sharing.mps
 
 
 def test_a_node_without_mps_warns_once_and_the_run_is_time_sliced(monkeypatch, caplog):
     s = shipped(monkeypatch, NodeState("absent", why="no nvidia-cuda-mps-control on PATH"))
     with caplog.at_level(logging.WARNING):
-        s.start_mps({"n1": "10.0.0.1", "n2": "10.0.0.1"})
+        s.gpu.start_mps({"n1": "10.0.0.1", "n2": "10.0.0.1"})
     (rec,) = caplog.records
     assert "time-slice the GPU" in rec.getMessage()
     assert rec.getMessage().count("no nvidia-cuda-mps-control") == 1  # one machine, said once
-    assert s.sharing == Sharing.time_sliced
+    assert s.gpu.sharing == Sharing.time_sliced

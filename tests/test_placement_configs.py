@@ -1,6 +1,6 @@
 """The placement of every shipped scale point and full-size experiment (issue 43), built from
 the shipped configs through the function the run uses (``placement.role_asks``, called by
-``EBRLScheduler.placement``) and placed on a fake cluster of the shape the job's launcher
+``GpuFabric.place``) and placed on a fake cluster of the shape the job's launcher
 reserves (``placement.fake_cluster``: the nodes a Ray cluster of that shape reports), held to
 what the configs say: "per GPU a learner rank and a generator replica, each with half its SMs
 (MPS quotas), and 8 env workers" (``conf/axis/scale/g*.yaml``, ``conf/experiment/cluster.yaml``).
@@ -95,24 +95,24 @@ def test_the_full_size_experiment_keeps_its_promise(gpu, scheduler):
 
 
 def test_the_run_places_by_the_same_asks(monkeypatch):
-    """``EBRLScheduler.placement`` (what a run calls) places g8's roles as the dry run and the
+    """``GpuFabric.place`` (what a run calls) places g8's roles as the dry run and the
     tests above do: its table is theirs."""
     from hydra.utils import instantiate
 
-    import ebrl.schedulers.ebrl.scheduler as mod
+    import ebrl.schedulers.ebrl.gpu as mod
     from ebrl.schedulers.ebrl.wiring import Roles
 
     j = job("+axis/scale=g8", "scheduler=ebrl")
     nodes, ps = placed(j)
     sched = instantiate(OmegaConf.create(j["scheduler"]))
     monkeypatch.setattr(mod, "cluster_nodes", lambda: nodes)
-    monkeypatch.setattr(sched, "start_mps", lambda nodes: {})
+    monkeypatch.setattr(sched.gpu, "start_mps", lambda nodes: {})
     backend = RayBackend.__new__(RayBackend)  # no Ray: only the placement is asked of it
     s = j["scheduler"]
     envs = [[w] for w in range(s["sim_workers"])]
     roles = Roles(envs, replicas=s["gen_replicas"], ranks=s["learner_ranks"])
-    options = sched.placement(roles, backend, None, placement_groups(j))
-    assert [(p.ask, p.node, p.gpu_slots) for p in sched.placed] == [
+    options = sched.gpu.place(roles, backend, None, placement_groups(j))
+    assert [(p.ask, p.node, p.gpu_slots) for p in sched.gpu.placed] == [
         (p.ask, p.node, p.gpu_slots) for p in ps
     ]
     assert len(options) == len(ps)

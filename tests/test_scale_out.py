@@ -104,7 +104,7 @@ def test_replicas_and_ranks_on_ray_compute_the_one_process_run():
     same(one, scaled)
     trained = {s.track for s in ctx.timeline.spans if s.stage == "train"}
     assert trained == {"learner", "learner1"}  # both ranks trained every segment
-    assert [p.ask.role for p in sched.placed].count("learner") == 2
+    assert [p.ask.role for p in sched.gpu.placed].count("learner") == 2
 
 
 def test_settings_that_cannot_scale_are_refused_with_the_fix():

@@ -372,23 +372,22 @@ def test_the_run_starts_with_the_simplest_close_shape_only_when_it_measures_one(
     choice and measures the simplest beside it; trials off count as one shape measured."""
     import json
 
-    from ebrl.schedulers.ebrl import EBRLScheduler
+    from ebrl.schedulers.ebrl.manage import start_trials
 
     lock11, lock12 = Shape(1, False, 16, threads=(1, 1)), Shape(1, False, 16, threads=(1, 2))
     choice = _choice_at({lock11: 460.0, lock12: 474.0})
-    sched = EBRLScheduler(backend="inprocess", reshape_window=3)
     short_run = {"budget": {"iterations": 10}}
-    shape, kept, trials = sched._trials(short_run, choice, tmp_path)
+    shape, kept, trials = start_trials(choice, short_run, 3, tmp_path)
     assert shape == kept.shape == lock11 and trials is not None
     saved = json.loads((tmp_path / "shape.json").read_text())
     assert saved["shape"] == lock11.to_dict() and saved["searched"] == lock12.to_dict()
     assert [t.shape for t in trials.trials] == [lock11]
-    shape, kept, trials = sched._trials({"budget": {"iterations": 40}}, choice, None)
+    shape, kept, trials = start_trials(choice, {"budget": {"iterations": 40}}, 3, None)
     assert shape == lock12 and kept is choice
     assert trials is not None and [t.shape for t in trials.trials][:2] == [lock12, lock11]
-    off = EBRLScheduler(backend="inprocess", reshape_window=0)
-    assert off._trials(short_run, choice, None)[:2] == (lock11, choice.unmeasured())
-    assert off._trials(short_run, choice, None)[2] is None
+    # scheduler.reshape_window=0: trials off
+    assert start_trials(choice, short_run, 0, None)[:2] == (lock11, choice.unmeasured())
+    assert start_trials(choice, short_run, 0, None)[2] is None
 
 
 def test_trials_measure_each_shape_in_turn_and_keep_the_fastest() -> None:

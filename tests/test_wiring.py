@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from ebrl.schedulers.ebrl.manage import per_replica
 from ebrl.schedulers.ebrl.messages import Resources
-from ebrl.schedulers.ebrl.scheduler import merge_gauges, split_resources
+from ebrl.schedulers.ebrl.scheduler import merge_gauges
 from ebrl.schedulers.ebrl.wiring import DRIVER, Roles, gen_name, learner_name, sim_name, wire
 
 
@@ -76,12 +77,12 @@ def test_weight_board_only_for_replicas_on_the_leaders_machine():
 
 def test_replicas_share_the_generators_threads_and_cores():
     msg = Resources(0, threads=4, cores=(0, 1, 2, 3), batch_min=5)
-    a, b = split_resources(msg, 2)
+    a, b = per_replica(msg, 2)
     assert (a.threads, a.cores, a.batch_min) == (2, (0, 1), 3)
     assert (b.threads, b.cores) == (2, (2, 3))
     one = Resources(0, threads=1, cores=(7,))
-    assert [(r.threads, r.cores) for r in split_resources(one, 2)] == [(1, (7,)), (1, (7,))]
-    assert split_resources(msg, 1) == (msg,)
+    assert [(r.threads, r.cores) for r in per_replica(one, 2)] == [(1, (7,)), (1, (7,))]
+    assert per_replica(msg, 1) == (msg,)
 
 
 VERSION, BATCH, REBINDS = "pipeline/gen_version", "pipeline/gen_batch_mean", "resource/rebinds"

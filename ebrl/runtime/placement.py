@@ -348,7 +348,7 @@ def role_asks(
 ) -> list[Ask]:
     """Every worker's ask for a scheduler on EBRL's workers, from its config node (the run's
     ``scheduler``: ``sim_workers``, ``gen_replicas``, ``learner_ranks``, ``gen_gpus``,
-    ``learner_gpus``, ``resources``) and ``placement.groups``: what ``EBRLScheduler.placement``
+    ``learner_gpus``, ``resources``) and ``placement.groups``: what ``GpuFabric.place``
     places and the dry run checks. Env worker w feeds replica ``replica_of[w]`` (contiguous
     blocks, ``Roles.replica_of``)."""
     from ebrl.resources.model.rules import replica_blocks

@@ -87,7 +87,7 @@ def test_ebrl_trains_the_vla_fake_with_generator_and_learner_on_the_gpu(
     tmp_path, monkeypatch, caplog
 ):
     """Shares of a GPU are placed by Ray (one process per stage), each under its MPS quota of
-    the MPS daemon the run starts for itself (EBRLScheduler.start_mps: a keeper on the node,
+    the MPS daemon the run starts for itself (GpuFabric.start_mps: a keeper on the node,
     ebrl.resources.mps) and stops at its end."""
     from ebrl.train import train
 

@@ -84,7 +84,7 @@ def test_two_ranks_and_two_replicas_share_the_gpu_under_mps_quotas(monkeypatch):
         "\n".join(
             f"{p.ask.role:8s} {p.ask.index}: node {p.node.short}, gpu {p.ask.gpus}, "
             f"mps {p.ask.mps_percent}"
-            for p in sched.placed
+            for p in sched.gpu.placed
         )
     )
     steps = sum(r.env_steps for r in reports)
@@ -101,4 +101,4 @@ def test_two_ranks_and_two_replicas_share_the_gpu_under_mps_quotas(monkeypatch):
     acted = {s.track for s in ctx.timeline.spans if s.stage == "gen"}
     assert trained == {"learner", "learner1"}
     assert acted == {"gen", "gen1"}
-    assert {p.ask.mps_percent for p in sched.placed if p.ask.role != "sim"} == {20, 30}
+    assert {p.ask.mps_percent for p in sched.gpu.placed if p.ask.role != "sim"} == {20, 30}

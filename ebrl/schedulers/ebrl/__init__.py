@@ -1,4 +1,5 @@
-"""The EBRL asynchronous pipelined scheduler: driver (scheduler.py), workers, messages."""
+"""The EBRL asynchronous pipelined scheduler: driver (scheduler.py, with
+gpu.py and restarts.py), workers, messages."""
 
 from ebrl.schedulers.ebrl.scheduler import EBRLScheduler
 

@@ -27,7 +27,9 @@ import math
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
 
 from ebrl.plan.profile import Profile
 from ebrl.resources.manager import (
@@ -40,6 +42,7 @@ from ebrl.resources.manager import (
     restrict_train_batch,
     scaled_patience,
     train_minibatch,
+    trial_plan,
 )
 from ebrl.resources.model import Shape, Workload
 from ebrl.resources.profiler import rate_table
@@ -51,6 +54,7 @@ from ebrl.resources.shape import (
     gen_batches_for,
     measure,
     search,
+    shortlist,
     thread_options,
 )
 from ebrl.resources.topology import Topology, discover_cores
@@ -58,6 +62,10 @@ from ebrl.resources.watch import ShapeWatch
 from ebrl.runtime.channel import Outbox
 from ebrl.schedulers.ebrl.messages import Applied, Resources
 from ebrl.stages.profile import gen_stage_fn, ppo_config, profile_for_run, train_stage_fn
+
+if TYPE_CHECKING:
+    from ebrl.schedulers.ebrl.wiring import Roles
+    from ebrl.schedulers.ebrl.workers import Schedule
 
 log = logging.getLogger(__name__)
 
@@ -307,3 +315,59 @@ def choose_shape(
         Path(run_dir).mkdir(parents=True, exist_ok=True)
         choice.save(Path(run_dir))
     return choice
+
+
+def start_trials(
+    choice: ShapeChoice, cfg: Any, reshape_window: int, run_dir: Path | None
+) -> tuple[Shape, ShapeChoice, ShapeTrials | None]:
+    """The shape the run starts with, its choice and the trials that measure the
+    shortlist (:func:`shortlist`, as many as :func:`trial_plan` fits; None when
+    ``scheduler.reshape_window`` is 0). A run that will measure one shape only starts with the
+    simplest the model cannot tell from the best (:meth:`ShapeChoice.unmeasured`)."""
+    n = 0
+    if reshape_window > 0:
+        n, _ = trial_plan(
+            reshape_window,
+            cfg,
+            len(shortlist(choice)),
+            update_s=choice.prediction().update_s,
+        )
+    if n < 2:
+        settled = choice.unmeasured()
+        if settled is not choice and run_dir is not None:
+            settled.save(run_dir)  # shape.json says what the run started with
+        choice = settled
+    if n == 0:
+        return choice.shape, choice, None
+    short = shortlist(choice)
+    n, each = trial_plan(reshape_window, cfg, len(short), update_s=choice.prediction().update_s)
+    return choice.shape, choice, ShapeTrials(short[:n], skip=1, updates=each)
+
+
+def with_resources(plan: Schedule, roles: Roles, manager: RunTimeManager | None) -> Schedule:
+    """The plan with the resource manager's starting split (each replica its share of the
+    generator's threads and cores)."""
+    if manager is None:
+        return plan
+    gen, train = start_messages(manager)
+    home = manager.resources.sim_home
+    return dataclasses.replace(
+        plan,
+        home=home if home is not None else plan.home,
+        gen_resources=per_replica(gen, roles.replicas),
+        train_resources=train,
+    )
+
+
+def per_replica(msg: Resources, parts: int) -> tuple[Resources, ...]:
+    """``msg``'s threads, cores and batch size shared by ``parts`` replicas (each at least one
+    thread; cores in contiguous blocks, shared when there are fewer cores than replicas)."""
+    if parts == 1:
+        return (msg,)
+    cores: list[tuple[int, ...] | None] = [msg.cores] * parts
+    if msg.cores is not None and len(msg.cores) >= parts:
+        cores = [tuple(int(c) for c in b) for b in np.array_split(sorted(msg.cores), parts)]
+    batch = None if msg.batch_min is None else max(1, math.ceil(msg.batch_min / parts))
+    return tuple(
+        Resources(msg.seq, max(1, msg.threads // parts), cores[r], batch) for r in range(parts)
+    )

@@ -22,14 +22,15 @@ worker (``ebrl.schedulers.ebrl.workers``). It also runs the resource manager (``
 ``resources`` group sets the generator's and the learner's threads, cores and the generator's batch
 size, and with ``resources.allocator=elastic`` Algorithm 1 re-splits them while the run goes on.
 Whatever the workers change (in-process: threads of this process), the driver's affinity and torch
-threads are restored when the run ends.
+threads are restored when the run ends. What the run does to its GPUs (SM quotas, placement, MPS
+or MIG, Algorithm 1's re-splits) is ``gpu.py``'s; replacing dead or re-quota'd workers is
+``restarts.py``'s.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import logging
 import math
 import os
@@ -37,55 +38,36 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-from ebrl.resources import sharing
 from ebrl.resources.apply import MPS_CONTROL, affinity_guard, threads_guard
-from ebrl.resources.manager import trial_plan
 from ebrl.resources.model import Shape, Workload
 from ebrl.resources.model import split_groups as env_groups
-from ebrl.resources.mps import ClusterMPS, mig_gpus
 from ebrl.resources.runtime import RunTimeManager
-from ebrl.resources.shape import ShapeChoice, ShapeTrials, shortlist
+from ebrl.resources.shape import ShapeChoice
 from ebrl.runtime.backend import InProcessBackend, RayBackend, WorkerDied
 from ebrl.runtime.channel import Inbox, Outbox, new_authkey, node_ip
 from ebrl.runtime.dist import STRATEGIES
-from ebrl.runtime.placement import (
-    NOSET_CUDA,
-    Ask,
-    Placement,
-    cluster_nodes,
-    describe,
-    place,
-    placement_groups,
-    ray_options,
-    record_role_env,
-    role_asks,
-)
+from ebrl.runtime.placement import placement_groups
 from ebrl.runtime.slots import ShmSlots, SlotSpec
 from ebrl.schedulers.base import IterationReport, RunContext, StageError
 from ebrl.schedulers.ebrl import manage
+from ebrl.schedulers.ebrl.gpu import GpuFabric
 from ebrl.schedulers.ebrl.heartbeat import HeartbeatMonitor, stop_workers
 from ebrl.schedulers.ebrl.messages import (
     Applied,
     Beat,
     Failed,
-    Lost,
     Owed,
-    Reconnect,
     Report,
     Reshape,
     Resources,
-    Rewire,
     Telemetry,
 )
 from ebrl.schedulers.ebrl.rebind import home_cores
+from ebrl.schedulers.ebrl.restarts import Restarts
 from ebrl.schedulers.ebrl.wiring import (
     DRIVER,
-    Links,
     Roles,
     gen_name,
     learner_name,
@@ -98,35 +80,6 @@ from ebrl.schedulers.ebrl.workers import EnvWorker, GenWorker, LearnerWorker, Sc
 from ebrl.utilisation import ray_local_gpus
 
 log = logging.getLogger(__name__)
-
-
-def with_resources(plan: Schedule, roles: Roles, manager: RunTimeManager | None) -> Schedule:
-    """The plan with the resource manager's starting split (each replica its share of the
-    generator's threads and cores)."""
-    if manager is None:
-        return plan
-    gen, train = manage.start_messages(manager)
-    home = manager.resources.sim_home
-    return dataclasses.replace(
-        plan,
-        home=home if home is not None else plan.home,
-        gen_resources=split_resources(gen, roles.replicas),
-        train_resources=train,
-    )
-
-
-def split_resources(msg: Resources, parts: int) -> tuple[Resources, ...]:
-    """``msg``'s threads, cores and batch size shared by ``parts`` replicas (each at least one
-    thread; cores in contiguous blocks, shared when there are fewer cores than replicas)."""
-    if parts == 1:
-        return (msg,)
-    cores: list[tuple[int, ...] | None] = [msg.cores] * parts
-    if msg.cores is not None and len(msg.cores) >= parts:
-        cores = [tuple(int(c) for c in b) for b in np.array_split(sorted(msg.cores), parts)]
-    batch = None if msg.batch_min is None else max(1, math.ceil(msg.batch_min / parts))
-    return tuple(
-        Resources(msg.seq, max(1, msg.threads // parts), cores[r], batch) for r in range(parts)
-    )
 
 
 @dataclass
@@ -219,18 +172,8 @@ class EBRLScheduler:
 
     def __post_init__(self) -> None:
         self.shape_choice: ShapeChoice | None = None  # the last run's, when it was searched
-        self.mps: ClusterMPS | None = None  # the run's MPS daemons (start_mps), while it runs
-        #: how the last run's GPUs were shared (sharing.TAG); None: no role had a GPU
-        self.sharing: sharing.Sharing | None = None
-        self._unlogged_sharing: sharing.Sharing | None = None
-        self.quotas: dict[str, int | None] = {}
-        #: how the last run's quotas were chosen (logged to MLflow with its first report)
-        self.split: sharing.SplitDecision | None = None
-        #: node id -> its GPUs in MIG mode where no MPS daemon serves it (:meth:`start_mps`)
-        self._mig_nodes: dict[str, Any] = {}
-        #: Algorithm 1 re-splitting the SMs while the run goes (an Algorithm 1 split under MPS)
-        self.resplitter: sharing.SMResplitter | None = None
-        self._unlogged_resplits: dict[str, str] = {}
+        #: the last run's GPUs: quotas, placement, MPS or MIG, re-splits (made new per run)
+        self.gpu = self._fabric()
         if self.device not in (None, "cuda", "cpu"):
             raise ValueError(
                 f"scheduler.device={self.device!r}: null (the roles with a GPU share compute "
@@ -292,6 +235,11 @@ class EBRLScheduler:
                 "each rank is a process of its own (torch.distributed has one group per process)"
             )
 
+    def _fabric(self) -> GpuFabric:
+        return GpuFabric(
+            self.gen_gpus, self.learner_gpus, self.resources, self.mps_control, self.device
+        )
+
     @property
     def k(self) -> int:
         return self.staleness if self.overlap else 0
@@ -350,34 +298,6 @@ class EBRLScheduler:
             batch_max=self.batch_max,
         )
         return choice.shape, choice
-
-    def _trials(
-        self, cfg: Any, choice: ShapeChoice, run_dir: Path | None
-    ) -> tuple[Shape, ShapeChoice, ShapeTrials | None]:
-        """The shape the run starts with, its choice and the trials that measure the
-        shortlist (:func:`shortlist`, as many as :func:`trial_plan` fits; None when
-        ``reshape_window`` is 0). A run that will measure one shape only starts with the
-        simplest the model cannot tell from the best (:meth:`ShapeChoice.unmeasured`)."""
-        n = 0
-        if self.reshape_window > 0:
-            n, _ = trial_plan(
-                self.reshape_window,
-                cfg,
-                len(shortlist(choice)),
-                update_s=choice.prediction().update_s,
-            )
-        if n < 2:
-            settled = choice.unmeasured()
-            if settled is not choice and run_dir is not None:
-                settled.save(run_dir)  # shape.json says what the run started with
-            choice = settled
-        if n == 0:
-            return choice.shape, choice, None
-        short = shortlist(choice)
-        n, each = trial_plan(
-            self.reshape_window, cfg, len(short), update_s=choice.prediction().update_s
-        )
-        return choice.shape, choice, ShapeTrials(short[:n], skip=1, updates=each)
 
     def plan(self, ctx: RunContext, roles: Roles, slots: SlotSpec, shape: Shape) -> Schedule:
         """The shape of the run every worker shares (resources: :func:`with_resources`)."""
@@ -445,12 +365,13 @@ class EBRLScheduler:
         manager: RunTimeManager | None = None
         to_stages: manage.ManagerLinks | None = None  # the manager's links to gen and learner
         try:
-            self.set_quotas(
+            self.gpu = self._fabric()
+            self.gpu.set_quotas(
                 ctx.factory.cfg,
                 self.pinned_shape(ctx, roles).batch_min,
                 int(ctx.factory.cfg["num_envs"]) * ctx.decisions_per_env // roles.ranks,
             )
-            options = self.placement(roles, backend, ctx.run_dir, placement_groups(ctx.factory.cfg))
+            options = self.gpu.place(roles, backend, ctx.run_dir, placement_groups(ctx.factory.cfg))
 
             def spawn(name: str, role: str, cls: type, *args: Any) -> Any:
                 placed = options.get(name)  # it carries the role's custom resources
@@ -474,8 +395,8 @@ class EBRLScheduler:
             shape, self.shape_choice = self.shape(dataclasses.replace(ctx, factory=factory), roles)
             trials = None
             if self.shape_choice is not None:
-                shape, self.shape_choice, trials = self._trials(
-                    factory.cfg, self.shape_choice, ctx.run_dir
+                shape, self.shape_choice, trials = manage.start_trials(
+                    self.shape_choice, factory.cfg, self.reshape_window, ctx.run_dir
                 )
             self._unlogged_shape = self.shape_choice
             plan = self.plan(ctx, roles, slots.spec, shape)
@@ -490,10 +411,11 @@ class EBRLScheduler:
                 trials=trials,
                 watch=self.reshape_on_drift,
             )
-            plan = with_resources(plan, roles, manager)
-            self.resplitter = self._resplitter(factory.cfg, manager)
+            plan = manage.with_resources(plan, roles, manager)
+            self.gpu.start_resplitter(factory.cfg, manager)
+            gen_device = self.gpu.device_of("gen")
             gens = [
-                spawn(gen_name(r), "gen", GenWorker, factory, authkey, host, r, self._device("gen"))
+                spawn(gen_name(r), "gen", GenWorker, factory, authkey, host, r, gen_device)
                 for r in range(roles.replicas)
             ]
             learners = []
@@ -503,7 +425,7 @@ class EBRLScheduler:
                     roles.ranks,
                     self.weight_board,
                     os.getpid(),
-                    self._device("learner"),
+                    self.gpu.device_of("learner"),
                     self.learner_strategy,
                 )
                 learners.append(
@@ -519,7 +441,7 @@ class EBRLScheduler:
             gpu_roles = (gens if self.gen_gpus > 0 else []) + (
                 learners if self.learner_gpus > 0 else []
             )
-            self._record_gpu_env(gpu_roles, ctx.run_dir)
+            self.gpu.record_env(gpu_roles, ctx.run_dir)
             _, dist, board = opened[0]  # the leader's
             links = wire(roles, book, board, dist, nodes_of(options))
             log.info("%s", weight_routes(roles, links))
@@ -527,9 +449,9 @@ class EBRLScheduler:
                 h.start(links[h.name], plan)
             if manager is not None and manager.elastic is not None:
                 to_stages = manage.ManagerLinks(book, authkey)
-            restarts = _Restarts(
+            restarts = Restarts(
                 backend, factory, roles, authkey, host, res, options, book, plan,
-                self.max_restarts, board, dist, self._device("gen"), manager, to_stages,
+                self.max_restarts, board, dist, gen_device, manager, to_stages,
             )  # fmt: skip
             if manager is not None:
                 manager.connect(
@@ -545,287 +467,7 @@ class EBRLScheduler:
             if to_stages is not None:
                 to_stages.close()
             self._shutdown(inbox, handles, backend, slots, book, authkey, ctx.timeline, unread)
-            self.stop_mps()  # already stopped by _shutdown, unless it failed before
-
-    def set_quotas(
-        self, cfg: Any, gen_batch: int = 1, train_samples: int = 1
-    ) -> dict[str, int | None]:
-        """Each role's SM quota for this run, kept as ``quotas`` and its decision as
-        ``split``: ``resources.gen_sm_pct`` / ``train_sm_pct`` where pinned, else Algorithm 1
-        on ``resources.gpu_profile`` where the generator and the learner share a GPU, else
-        each role's GPU share (``sharing.decide_split``). The pinned values were checked before
-        any work (``ebrl.train``, ``sharing.check_quotas``).
-
-        Args:
-            cfg: the run's config.
-            gen_batch: the generator's batch (envs per call) Algorithm 1 sizes for.
-            train_samples: the decisions a learner rank trains on per update.
-        """
-        node = (cfg.get("resources") if cfg is not None else None) or {}
-        self.split = sharing.decide_split(
-            self.gen_gpus,
-            self.learner_gpus,
-            node.get("gen_sm_pct"),
-            node.get("train_sm_pct"),
-            profile=node.get("gpu_profile"),
-            gen_batch=gen_batch,
-            train_samples=train_samples,
-        )
-        self.quotas = self.split.quotas
-        return self.quotas
-
-    def _resplitter(self, cfg: Any, manager: RunTimeManager | None) -> sharing.SMResplitter | None:
-        """Algorithm 1 at run time over the shared GPU's SMs, where it chose the starting split
-        (``resources.gpu_profile``, unpinned) and MPS enforces it; None elsewhere (pinned
-        quotas stay; without MPS a quota is not enforced; without the resource manager no
-        rates are measured)."""
-        if (
-            manager is None
-            or self.split is None
-            or self.split.how != sharing.ALGORITHM1
-            or self.sharing != sharing.Sharing.mps
-        ):
-            return None
-        from ebrl.resources.manager import ResourceSettings, scaled_patience
-
-        settings = ResourceSettings.from_config(cfg.get("resources") or {})
-        inputs = self.split.inputs
-        return sharing.SMResplitter(
-            str((cfg.get("resources") or {}).get("gpu_profile")),
-            int(inputs["gen_batch"]),
-            int(inputs["train_samples"]),
-            settings.rebalance_threshold,
-            scaled_patience(settings.rebalance_patience, cfg),
-        )
-
-    def _resplit(
-        self,
-        iteration: int,
-        metrics: dict[str, float],
-        manager: RunTimeManager,
-        restarts: _Restarts,
-        handles: list,
-        run_dir: Path | None,
-    ) -> dict[str, float]:
-        """Feed the update's measured capacities to Algorithm 1 over the SMs; where it chose
-        another split, the generator replicas are restarted with their new quota
-        (:meth:`_Restarts.requota`: an MPS client's quota is fixed when its CUDA context is
-        made). The learner keeps its cap (its optimiser state lives in its process): a cap is a
-        limit, not a reservation, so a lower generator cap gives it the SMs up to its own.
-        Recorded in the run's log, ``gpu_resplits.jsonl`` and MLflow (``gpu/resplit<n>``).
-
-        Returns:
-            the update's ``gpu/*`` metrics: the quotas in force, the re-splits so far and the
-            last one's seconds from decision to effect.
-        """
-        assert self.resplitter is not None
-        out = {
-            "gpu/gen_sm_pct": float(self.quotas.get("gen") or 0),
-            "gpu/train_sm_pct": float(self.quotas.get("learner") or 0),
-            "gpu/resplits": float(len(self.resplitter.history)),
-        }
-        gen = metrics.get("resource/gen_per_s_update", metrics.get("resource/rollout_per_s_update"))
-        train = metrics.get("resource/train_per_s_update")
-        trying = manager.trials is not None and not manager.trials.done
-        if trying or iteration < manager.warmup or gen is None or train is None:
-            return out
-        r = self.resplitter.observe(float(gen), float(train), iteration)
-        if r is None:
-            return out
-
-        def opened(h: Any) -> None:  # its CUDA context is made, with the new quota
-            self._record_gpu_env([h], run_dir)  # read inside it, before it runs its loop
-
-        for i in range(restarts.roles.replicas):
-            restarts.requota(gen_name(i), r.new["gen"], handles, opened)
-        # in force: the new process acts for its env workers, with the newest weights
-        seconds = time.perf_counter() - r.decided_at
-        self.quotas = {**self.quotas, "gen": r.new["gen"]}
-        n = len(self.resplitter.history)
-        said = f"{r.describe()}; generator restarted with its quota in {seconds:.2f} s"
-        log.info("GPU re-split %d at %s (learner keeps its %d%% cap until it restarts)", n,
-                 said, r.old["learner"])  # fmt: skip
-        self._unlogged_resplits[f"gpu/resplit{n}"] = said
-        row = {
-            "resplit": n,
-            "step": r.step,
-            "stage": r.stage,
-            "old": r.old,
-            "new": r.new,
-            "applied": {"gen": r.new["gen"], "learner": r.old["learner"]},
-            "seconds_to_effect": seconds,
-            "cause": r.cause,
-        }
-        if run_dir is not None:
-            with open(run_dir / "gpu_resplits.jsonl", "a") as f:
-                f.write(json.dumps(row) + "\n")
-        out.update(
-            {
-                "gpu/gen_sm_pct": float(r.new["gen"]),
-                "gpu/resplits": float(n),
-                "gpu/resplit_s": seconds,
-                "gpu/resplit_gen_sm_pct_old": float(r.old["gen"]),
-                "gpu/resplit_gen_sm_pct_new": float(r.new["gen"]),
-                "gpu/resplit_train_sm_pct_old": float(r.old["learner"]),
-                "gpu/resplit_train_sm_pct_new": float(r.new["learner"]),
-            }
-        )
-        return out
-
-    def placement(
-        self, roles: Roles, backend: Any, run_dir: Path | None = None, groups: dict | None = None
-    ) -> dict[str, dict]:
-        """Where each worker runs (Ray actor options by worker name; none in-process): env
-        workers on the node of the replica they feed, replicas and learner ranks with the GPU
-        shares they ask for (``ebrl.runtime.placement``), each role with an SM quota given it
-        and its node's MPS pipe directory (:meth:`start_mps`). Logged, written to the run
-        folder's ``placement.txt``, and kept as ``placed``. ``groups``: role -> its node
-        group (``placement.groups``), checked against the cluster before any worker starts."""
-        self.placed: list[Placement] = []
-        if not isinstance(backend, RayBackend):
-            return {}
-        sched = {"sim_workers": len(roles.sims), "gen_replicas": roles.replicas}
-        sched |= {"learner_ranks": roles.ranks, "resources": self.resources}
-        sched |= {"gen_gpus": self.gen_gpus, "learner_gpus": self.learner_gpus}
-        asks = role_asks(sched, groups)  # as the dry run places them (ebrl.launch)
-        keys = {"gen": "scale.gen_gpus", "learner": "scale.learner_gpus"}
-        self.placed = place(asks, cluster_nodes(), gpu_setting=keys)
-        quotas = self.quotas or sharing.quotas(self.gen_gpus, self.learner_gpus)
-        quota = {p.ask: quotas.get(p.role) for p in self.placed if p.ask.gpus > 0}
-        per_gpu: dict[tuple[str, int], list[tuple[str, int]]] = {}
-        for p in self.placed:
-            if quota.get(p.ask) is not None:
-                for slot in p.gpu_slots:
-                    per_gpu.setdefault((p.node.short, slot), []).append((p.ask.name, quota[p.ask]))
-        if over := sharing.over_subscribed(per_gpu):
-            raise ValueError(
-                f"SM quotas past 100% of a GPU ({'; '.join(over)}): lower "
-                "resources.gen_sm_pct / train_sm_pct, or the GPU shares (scale.gen_gpus, "
-                "scale.learner_gpus) so fewer roles share a GPU"
-            )
-        table = describe(self.placed, sm_pct=quota)
-        log.info("placement:\n%s", table)
-        if run_dir is not None:
-            run_dir.mkdir(parents=True, exist_ok=True)
-            (run_dir / "placement.txt").write_text(table + "\n")
-        pipes = self.start_mps(
-            {p.node.node_id: p.node.address for p in self.placed if quota.get(p.ask)}
-        )
-        mig = self._mig_devices(quota)
-        names = {"sim": sim_name, "gen": gen_name, "learner": learner_name}
-        out = {}
-        for p in self.placed:
-            opts = ray_options(
-                p,
-                mps=p.ask not in mig,
-                sm_pct=quota.get(p.ask),
-                mps_pipe=pipes.get(p.node.node_id),
-            )
-            if p.ask in mig:  # its MIG instance; Ray must not set the GPU index over it
-                env = {"CUDA_VISIBLE_DEVICES": mig[p.ask].uuid, NOSET_CUDA: "1"}
-                opts["runtime_env"] = {"env_vars": env}
-                log.info("MIG: %s on %s (%d SMs, its quota %s%%)", p.ask.name, mig[p.ask].uuid,
-                         mig[p.ask].sms, quota.get(p.ask))  # fmt: skip
-            out[names[p.ask.role](p.ask.index)] = opts
-        return out
-
-    def _mig_devices(self, quota: dict[Ask, int | None]) -> dict[Ask, Any]:
-        """Where no MPS daemon serves a node and its GPU is in MIG mode: each GPU role there
-        with a quota gets the MIG instance closest to it (``sharing.mig_choice``)."""
-        nodes = self._mig_nodes
-        out: dict[Ask, Any] = {}
-        taken: set[str] = set()  # Ray nodes of one machine see the same instances
-        for node_id, gpus in nodes.items():
-            by_index = {g.index: g for g in gpus}
-            roles: dict[int, list[tuple[str, int]]] = {}
-            asks: dict[str, Ask] = {}
-            for p in self.placed:
-                pct, slot = quota.get(p.ask), (p.gpu_slots or (-1,))[0]
-                if p.node.node_id == node_id and pct and slot in by_index:
-                    roles.setdefault(slot, []).append((p.ask.name, pct))
-                    asks[p.ask.name] = p.ask
-            for slot, on_gpu in roles.items():
-                got = sharing.mig_choice(by_index[slot], on_gpu, taken)
-                for worker, inst in got.items():
-                    out[asks[worker]] = inst
-                if left := [w for w, _ in on_gpu if w not in got]:
-                    log.warning(
-                        "MIG: no free instance on GPU %d for %s: add MIG instances "
-                        "(nvidia-smi mig -cgi ... -C)",
-                        slot,
-                        ", ".join(left),
-                    )
-        return out
-
-    def start_mps(self, nodes: dict[str, str]) -> dict[str, str]:
-        """An MPS control daemon, started or joined, on each of ``nodes`` (node id -> address:
-        those that host a role with an SM quota): one small Ray actor pinned to each machine
-        (``ebrl.resources.mps``), stopped after the roles (:meth:`stop_mps`), and by its keeper
-        if the driver dies. Sets ``sharing``; where a node has no daemon, warns once (what to
-        install or enable): its roles time-slice the GPU.
-
-        Returns:
-            node id -> the pipe directory of the daemon serving it.
-        """
-        gpu_roles = any(p.ask.gpus > 0 for p in self.placed)
-        self.sharing = sharing.Sharing.whole if gpu_roles else None
-        self._unlogged_sharing = self.sharing
-        self._mig_nodes = {}
-        if not nodes:
-            return {}
-        self.mps = ClusterMPS(self.mps_control)
-        mig: dict[str, Any] = {}
-        try:
-            states = self.mps.start(nodes)
-            mig = self._mig_nodes = mig_gpus(states)  # MIG serves where no daemon does
-            bare = {s for n, s in states.items() if not s.serves and n not in mig}
-            missing = [s.why + " and its GPU has no MIG instances" for s in bare]
-        except Exception as e:  # an actor that could not start: the run goes on, time-sliced
-            missing = [f"the MPS keepers did not start ({type(e).__name__}: {e})"]
-        if missing:
-            self.sharing = sharing.Sharing.time_sliced
-        else:
-            self.sharing = sharing.Sharing.mig if mig else sharing.Sharing.mps
-        self._unlogged_sharing = self.sharing
-        if missing:
-            why = "; ".join(missing)
-            log.warning(sharing.time_sliced_warning(why, self.gen_gpus, self.learner_gpus))
-        return self.mps.pipes()
-
-    def stop_mps(self) -> None:
-        """Quit the daemons this run started (after their clients, the roles, are gone)."""
-        if self.mps is not None:
-            self.mps.stop()
-            self.mps = None
-
-    def _record_gpu_env(self, handles: list, run_dir: Path | None) -> None:
-        """Each GPU role's process reports the sharing variables it runs with (its SM quota,
-        its MPS pipe directory, its GPUs); logged and appended to the run folder's
-        ``gpu_env.jsonl``: what every role got, read from inside it."""
-        rows = []
-        for h in handles:
-            actor = getattr(h, "actor", None)
-            if actor is None:
-                continue
-            try:
-                rows.append({"worker": h.name, **record_role_env(actor)})
-            except Exception as e:  # a record must never stop a run
-                log.warning("%s: its GPU environment could not be read (%s)", h.name, e)
-        if not rows:
-            return
-        for row in rows:
-            log.info("GPU role %s", row)
-        if run_dir is not None:
-            with open(run_dir / "gpu_env.jsonl", "a") as f:
-                for row in rows:
-                    f.write(json.dumps(row) + "\n")
-
-    def _device(self, role: str) -> str:
-        """Where a role's stage computes: a GPU when it asks for a share of one (``device``:
-        another place for them all)."""
-        if getattr(self, f"{role}_gpus", 0.0) <= 0:
-            return "cpu"
-        return self.device or "cuda"
+            self.gpu.stop_mps()  # already stopped by _shutdown, unless it failed before
 
     def _relay(
         self,
@@ -834,7 +476,7 @@ class EBRLScheduler:
         ctx: RunContext,
         plan: Schedule,
         manager: RunTimeManager | None = None,
-        restarts: _Restarts | None = None,
+        restarts: Restarts | None = None,
         unread: deque[Any] | None = None,
     ):
         """Yield the learner's reports; merge telemetry; replace dead env workers; turn any
@@ -854,22 +496,17 @@ class EBRLScheduler:
                 metrics.update(manager.report(m.iteration, m.env_steps, metrics))
                 if manager.choice is not None:
                     self.shape_choice = manager.choice
-                if self.resplitter is not None and restarts is not None:
-                    metrics.update(
-                        self._resplit(m.iteration, metrics, manager, restarts, handles, ctx.run_dir)
+                if restarts is not None:
+                    gpu = self.gpu.resplit(
+                        m.iteration, metrics, manager, restarts, handles, ctx.run_dir
                     )
+                    metrics.update(gpu)
             params: dict[str, Any] = {}
             choice, self._unlogged_shape = self._unlogged_shape, None
             if choice is not None:  # the first report carries the shape search's outcome
                 params = choice.params()
                 metrics.update(choice.metrics())
-            if self._unlogged_sharing is not None:  # and how the GPUs were shared
-                params[sharing.TAG] = str(self._unlogged_sharing)
-                if self.split is not None and self._unlogged_sharing != "whole":
-                    params.update(self.split.params())  # and how the SMs were split
-                self._unlogged_sharing = None
-            params.update(self._unlogged_resplits)
-            self._unlogged_resplits = {}
+            params.update(self.gpu.unlogged_params())  # how the GPUs were shared, re-splits
             return IterationReport(m.iteration, m.env_steps, metrics, params, arrived)
 
         def telemetry(m: Telemetry) -> None:
@@ -907,7 +544,7 @@ class EBRLScheduler:
             self._check_alive(handles, beats, restarts)
 
     @staticmethod
-    def _check_alive(handles: list, beats: HeartbeatMonitor, restarts: _Restarts | None) -> None:
+    def _check_alive(handles: list, beats: HeartbeatMonitor, restarts: Restarts | None) -> None:
         """Kill a hung worker (no heartbeat) and replace a dead one where it can be replaced;
         any other hung, dead or finished worker stops the run with a StageError."""
         for h, silent in beats.hung():
@@ -935,7 +572,7 @@ class EBRLScheduler:
             if finished:
                 raise StageError(h.name, "the worker left its loop without being stopped")
 
-    def _reshape(self, new: Shape, restarts: _Restarts) -> None:
+    def _reshape(self, new: Shape, restarts: Restarts) -> None:
         """Send ``new`` to every replica and env worker (they switch between two batches), and
         its threads, where they differ from the running ones, to the replica and the learner
         ranks; new processes start with it too."""
@@ -985,7 +622,7 @@ class EBRLScheduler:
             except Exception as e:  # keep shutting the others down
                 log.warning("stopping %s: %s", h.name, e)
         with contextlib.suppress(Exception):  # after its clients, before Ray goes
-            self.stop_mps()
+            self.gpu.stop_mps()
         with contextlib.suppress(Exception):
             _keep_last_spans(inbox, timeline, list(unread))
         with contextlib.suppress(Exception):
@@ -1044,166 +681,3 @@ def merge_gauges(by_worker: dict[str, dict[str, float]]) -> dict[str, float]:
         else:
             out[k] = sum(vs)
     return out
-
-
-class _Restarts:
-    """Replaces env worker and generator processes that die while the run goes on (at most
-    ``limit`` in all).
-
-    An env worker's death is answered in two steps, neither of which stops the other workers:
-    the learner is asked which segment it still needs of that worker (:class:`Lost` ->
-    :class:`Owed`), then a new process with the same envs is started there. Its envs reset; the
-    decisions its predecessor had taken since that segment are lost (the generator counts them:
-    ``fault/lost_decisions``) and never trained on.
-
-    A generator replica's death is answered at once: a new replica (its ``epoch`` one higher)
-    takes the newest weights from the board, its env workers are rewired to it
-    (:class:`Rewire`: each tells it where its envs stand and hands over those waiting for an
-    action; chunks the dead one sent and they had not read are dropped,
-    ``fault/gen_dropped_chunks``), and the leader sends it the weights (:class:`Reconnect`).
-    No env resets and no transition is lost: the env workers hold every decision taken.
-
-    A dead learner rank holds state no other process has, and stops the run with a StageError
-    (its checkpoint resumes it).
-    """
-
-    def __init__(
-        self,
-        backend: Any,
-        factory: Any,
-        roles: Roles,
-        authkey: bytes,
-        host: str,
-        resources: dict[str, dict[str, float]],
-        options: dict[str, dict],
-        book: dict[str, Any],
-        plan: Schedule,
-        limit: int,
-        board: Any,
-        dist: tuple[str, int] | None,
-        gen_device: str,
-        manager: RunTimeManager | None,
-        to_stages: manage.ManagerLinks | None = None,
-    ) -> None:
-        self.backend, self.factory, self.roles = backend, factory, roles
-        self.authkey, self.host, self.resources = authkey, host, resources
-        self.options, self.book = options, book
-        self.plan, self.limit = plan, limit
-        self.board, self.dist, self.gen_device, self.manager = board, dist, gen_device, manager
-        self.to_stages = to_stages
-        self.sims = self.gens = 0  # replaced so far
-        self.epochs: dict[int, int] = {}  # replica -> its current incarnation
-        self.dead: list[Any] = []  # handles of dead processes (never polled again)
-
-    @staticmethod
-    def replaceable(handle: Any) -> bool:
-        return handle.name.startswith(("sim", "gen"))
-
-    def died(self, handle: Any, why: str, handles: list) -> None:
-        done = self.sims + self.gens
-        if done >= self.limit:
-            raise StageError(
-                handle.name,
-                f"{why}; {done} worker(s) already replaced during this run "
-                f"(scheduler.max_restarts={self.limit}): stopping. The checkpoint resumes it",
-            )
-        self.dead.append(handle)
-        log.warning("%s: %s; replacing it (%d/%d)", handle.name, why, done + 1, self.limit)
-        if handle.name.startswith("gen"):
-            self.gens += 1
-            self._replace_gen(handle.name, handles)
-            return
-        self.sims += 1
-        out = Outbox(self._links()[handle.name].learner, self.authkey)
-        out.send(Lost(int(handle.name.removeprefix("sim"))))
-        out.close()
-
-    def _links(self) -> dict[str, Links]:
-        """Everyone's links from the address book as it is now (replacements included)."""
-        return wire(self.roles, self.book, self.board, self.dist, nodes_of(self.options))
-
-    def _spawn(self, name: str, role: str, cls: type, *args: Any) -> Any:
-        placed = _soft(self.options.get(name))
-        return self.backend.spawn(
-            name, cls, *args, resources=None if placed else self.resources.get(role),
-            options=placed,
-        )  # fmt: skip
-
-    def replace(self, owed: Owed, handles: list) -> None:
-        """An env worker's replacement, once the learner said which segment it owes."""
-        w = owed.worker
-        name = sim_name(w)  # with its predecessor's links (same gen, same learner)
-        h = self._spawn(
-            name, "sim", EnvWorker, w, self.roles.sims[w], self.factory, self.authkey, self.host,
-            owed.index, self.sims,
-        )  # fmt: skip
-        self.book[name], _ = h.open()
-        handles.append(h)
-        h.start(self._links()[name], self.plan)
-        log.warning("sim%d: replaced; it continues at segment %d", w, owed.index)
-
-    def requota(
-        self, name: str, quota: int, handles: list, opened: Callable[[Any], None] | None = None
-    ) -> Any:
-        """Replace the live generator replica ``name`` by one whose process runs with SM quota
-        ``quota`` (``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE``: CUDA reads it when the process makes
-        its context, so a new process it must be). The replacement is the one a dead replica
-        gets (:meth:`_replace_gen`): the newest weights from the board, its env workers rewired
-        to it, no env reset, no transition lost. It is not a fault: ``max_restarts`` is not
-        spent. ``opened``: as for :meth:`_replace_gen`. Returns the new handle."""
-        old = next(h for h in handles if h.name == name and h not in self.dead)
-        opts = dict(self.options.get(name) or {})
-        runtime_env = dict(opts.get("runtime_env") or {})
-        env = dict(runtime_env.get("env_vars") or {})
-        env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(int(quota))
-        self.options[name] = {**opts, "runtime_env": {**runtime_env, "env_vars": env}}
-        self.dead.append(old)
-        old.kill()
-        self._replace_gen(name, handles, opened)
-        return handles[-1]
-
-    def _replace_gen(
-        self, name: str, handles: list, opened: Callable[[Any], None] | None = None
-    ) -> None:
-        """A new generator replica ``name``; ``opened`` is called with its handle once its
-        process is up, before it runs its loop (a call on it then would queue behind that)."""
-        r = 0 if name == gen_name(0) else int(name.removeprefix("gen"))
-        epoch = self.epochs[r] = self.epochs.get(r, 0) + 1
-        h = self._spawn(
-            name, "gen", GenWorker, self.factory, self.authkey, self.host, r, self.gen_device,
-            epoch,
-        )  # fmt: skip
-        self.book[name] = h.open()
-        handles.append(h)
-        if opened is not None:
-            opened(h)
-        links = self._links()
-        h.start(links[name], self.plan)
-        for w in self.roles.served_by(r):  # a dead env worker's replacement says Hello itself
-            with contextlib.suppress(OSError):
-                out = Outbox(self.book[sim_name(w)], self.authkey, retries=5)
-                out.send(Rewire(self.book[name], epoch))
-                out.close()
-        address, via_board = links[learner_name(0)].gens[r]
-        out = Outbox(self.book[learner_name(0)], self.authkey)
-        out.send(Reconnect(r, address, via_board))
-        out.close()
-        if self.manager is not None and r == 0:
-            if self.to_stages is not None:
-                self.to_stages.relink(name, self.book[name])
-            self.manager.replaced(name)
-        log.warning("%s: replaced (incarnation %d); its env workers rewired to it", name, epoch)
-
-
-def _soft(options: dict | None) -> dict | None:
-    """A replacement's placement: its predecessor's node if that node is still there, else
-    any (the process may have died with its node)."""
-    strategy = (options or {}).get("scheduling_strategy")
-    if strategy is None or not hasattr(strategy, "node_id"):
-        return options
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-    return {
-        **options,
-        "scheduling_strategy": NodeAffinitySchedulingStrategy(strategy.node_id, soft=True),
-    }

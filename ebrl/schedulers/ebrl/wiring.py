@@ -43,7 +43,7 @@ Shutdown: the driver tells every worker ``Stop`` (``heartbeat.stop_workers``: fr
 in all), then stops their handles (Ray kills the processes); the leader hands ``None`` to its
 followers' broadcast so they leave their loop too. A worker that stops beating is hung
 (``heartbeat.py``). A dead env worker or generator replica is replaced (the driver's
-``_Restarts``, which re-wires with :func:`wire` over the updated address book); a dead learner
+``Restarts``, which re-wires with :func:`wire` over the updated address book); a dead learner
 rank stops the run with a StageError, its checkpoint resumes it.
 
 :func:`wire` is a pure function from the roles and the workers' inbox addresses to each worker's
