@@ -284,7 +284,7 @@ def _refuse_unwired_resources(run: RunConfig) -> None:
     that the run would not honour: any, under another scheduler; SM quotas the roles' GPU
     shares cannot take; under ``scheduler=ebrl``, cores without pinning, and settings of a part
     that is off."""
-    from ebrl.resources.sharing import check_gpu_profile, check_quotas
+    from ebrl.resources.sharing import check_gpu_profile, check_quotas, check_sharing
 
     res = run.resources
     expected = {f.name: getattr(ResourcesNode(), f.name) for f in dataclasses.fields(ResourcesNode)}
@@ -297,10 +297,14 @@ def _refuse_unwired_resources(run: RunConfig) -> None:
         try:
             check_quotas(gen_gpus, learner_gpus, res.gen_sm_pct, res.train_sm_pct)
             check_gpu_profile(res.gpu_profile, gen_gpus, learner_gpus)
+            check_sharing(res.gpu_sharing, gen_gpus, learner_gpus, res.gen_sm_pct, res.train_sm_pct)
         except ValueError as e:
             raise ConfigError(str(e)) from e
         expected.update(
-            gen_sm_pct=res.gen_sm_pct, train_sm_pct=res.train_sm_pct, gpu_profile=res.gpu_profile
+            gen_sm_pct=res.gen_sm_pct,
+            train_sm_pct=res.train_sm_pct,
+            gpu_profile=res.gpu_profile,
+            gpu_sharing=res.gpu_sharing,
         )
     changed = [
         f"resources.{k}={getattr(res, k)}" for k, v in expected.items() if getattr(res, k) != v
@@ -315,7 +319,8 @@ def _refuse_unwired_resources(run: RunConfig) -> None:
             "scheduler=ebrl; use scheduler=ebrl, or set the split with threads.gen / threads.train "
             "and leave resources at its defaults"
             + (
-                " (resources.gen_sm_pct / train_sm_pct: only the schedulers on EBRL's workers, "
+                " (resources.gen_sm_pct / train_sm_pct / gpu_sharing: only the schedulers on "
+                "EBRL's workers, "
                 "ebrl, hybrid and async, give their roles SM quotas)"
                 if not on_ebrl_workers
                 else ""

@@ -155,7 +155,7 @@ class FakeCluster:
     def __init__(self, control: str, state: NodeState) -> None:
         self.state = state
 
-    def start(self, nodes):
+    def start(self, nodes, daemon=True):
         FakeCluster.started.append(dict(nodes))
         return dict.fromkeys(nodes, self.state)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from omegaconf import OmegaConf
 
-from ebrl.launch import roles_line
+from ebrl.job_gpus import roles_line
 
 from .conftest import make_cfg
 

@@ -62,6 +62,7 @@ from ebrl.config.policies import (
 from ebrl.config.resources import (
     AllocatorKind,
     GPUNode,
+    GpuSharing,
     LauncherKind,
     LauncherNode,
     ResourcesNode,
@@ -130,6 +131,7 @@ __all__ = [
     "EvalInitStates",
     "GPUNode",
     "GRPONode",
+    "GpuSharing",
     "InjectConfig",
     "LauncherKind",
     "LauncherNode",

@@ -255,6 +255,18 @@ def check_hardware_values(run: RunConfig) -> None:
             v is None or gpu.device_name is not None,
             f"resources.{key}={v}: an SM share needs a GPU, but gpu=cpu: leave it null",
         )
+    asked = res.gpu_sharing
+    _check(
+        asked == "auto" or gpu.device_name is not None,
+        f"resources.gpu_sharing={asked}: how roles share a GPU, but gpu=cpu: leave it auto",
+    )
+    for way in ("mps", "mig"):
+        _check(
+            asked != way or getattr(gpu, way),
+            f"resources.gpu_sharing={way}, but gpu={gpu.name} has no {way.upper()}: choose "
+            f"resources.gpu_sharing=auto ({'MPS' if way == 'mig' else 'MIG'} or time-sliced) or "
+            "another GPU type",
+        )
     if lau.kind == LauncherKind.slurm:
         if gpu.device_name is None:
             _check(

@@ -38,6 +38,21 @@ class GPUNode:
     slurm_gres: str | None = None
 
 
+class GpuSharing(StrEnum):
+    """How roles that share a GPU get their SM quotas (``resources.gpu_sharing``); the values
+    are those of what a run records (``ebrl.resources.sharing.Sharing``), plus ``auto``."""
+
+    #: MPS where a daemon can serve the node, else its GPU's MIG instances, else time-sliced
+    #: (warned once, naming what to install or enable)
+    auto = "auto"
+    #: MPS quotas, or the run stops before any work where no daemon can serve a node
+    mps = "mps"
+    #: MIG instances, no MPS daemon; the run stops before any work where a GPU has none
+    mig = "mig"
+    #: no quotas: the roles' kernels take turns on the GPU (a baseline, or a driver without MPS)
+    time_sliced = "time-sliced"
+
+
 class AllocatorKind(StrEnum):
     static = "static"
     elastic = "elastic"
@@ -71,6 +86,9 @@ class ResourcesNode:
     #: a GPU stage profile (ebrl.plan.measure --device cuda) from which Algorithm 1 splits the
     #: SMs of a GPU the generator and the learner share, where the quotas are unpinned
     gpu_profile: str | None = None
+    #: how roles that share a GPU get their quotas: auto (MPS, else MIG, else time-sliced with
+    #: a warning), mps, mig (each: or stop before any work), time_sliced (no quotas)
+    gpu_sharing: GpuSharing = GpuSharing.auto
     #: static: keep the split; elastic: Algorithm 1 re-balances it at run time
     allocator: AllocatorKind = AllocatorKind.static
     #: elastic: re-balance when stage throughputs diverge by more than this fraction ...

@@ -236,17 +236,22 @@ class NodeMPS:
     def __init__(self) -> None:
         self.keeper: Keeper | None = None
 
-    def start(self, control: str) -> NodeState:
+    def start(self, control: str, daemon: bool = True) -> NodeState:
+        """Join or start the node's daemon (``daemon``; else none: MIG was asked for); where
+        none serves, the node's GPUs as NVML shows them (their MIG instances)."""
         import ray
 
-        self.keeper = Keeper(control)
         node = ray.get_runtime_context().get_node_id()
+        state = NodeState("absent", why="no MPS daemon asked (resources.gpu_sharing=mig)")
+        if daemon:
+            self.keeper = Keeper(control)
+            state = self.keeper.state
         gpus: tuple[Any, ...] = ()
-        if not self.keeper.state.serves:  # MIG instances may serve instead
+        if not state.serves:  # MIG instances may serve instead
             from ebrl.resources.topology import discover_gpus
 
             gpus = tuple(discover_gpus(mps_control=control))
-        return NodeState(**{**self.keeper.state.__dict__, "node": node, "gpus": gpus})
+        return NodeState(**{**state.__dict__, "node": node, "gpus": gpus})
 
     def stop(self) -> None:
         if self.keeper is not None:
@@ -266,7 +271,9 @@ class ClusterMPS:
         self.actors: dict[str, Any] = {}
         self.nodes: dict[str, NodeState] = {}
 
-    def start(self, nodes: Mapping[str, str], timeout_s: float = 60.0) -> dict[str, NodeState]:
+    def start(
+        self, nodes: Mapping[str, str], timeout_s: float = 60.0, daemon: bool = True
+    ) -> dict[str, NodeState]:
         """Start (or join) a daemon on each machine of ``nodes``; returns node id -> what its
         machine's keeper found.
 
@@ -274,6 +281,7 @@ class ClusterMPS:
             nodes: node id -> its address. Ray nodes at one address are one machine (a test
                 cluster, or several raylets on a big host), and one user has one MPS daemon
                 per machine: one keeper serves them all.
+            daemon: False: no daemon, only each node's GPUs (MIG asked for).
         """
         import ray
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
@@ -290,7 +298,7 @@ class ClusterMPS:
                 scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=ids[0], soft=False),
             ).remote()
             self.actors[address] = actor
-            refs[address] = actor.start.remote(self.control)
+            refs[address] = actor.start.remote(self.control, daemon)
         for address, ref in refs.items():
             state = ray.get(ref, timeout=timeout_s)
             for node in by_address[address]:

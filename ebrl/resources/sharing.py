@@ -112,6 +112,39 @@ def check_quotas(
         )
 
 
+def check_sharing(
+    asked: str,
+    gen_gpus: float,
+    learner_gpus: float,
+    gen_sm_pct: int | None = None,
+    train_sm_pct: int | None = None,
+) -> None:
+    """Refuse a ``resources.gpu_sharing`` the run cannot honour, before any work starts.
+
+    Raises:
+        ValueError: a way of sharing asked (not ``auto``) where no role shares a GPU; quotas
+            pinned with ``time-sliced`` (nothing would enforce them). Whether a node can serve
+            ``mps`` or ``mig`` is found when the run places its roles, before any worker
+            starts (``ebrl.schedulers.ebrl.gpu``).
+    """
+    if asked == "auto":
+        return
+    if not (is_share(gen_gpus) or is_share(learner_gpus)):
+        raise ValueError(
+            f"resources.gpu_sharing={asked}, but no role shares a GPU "
+            f"({SHARE_KEYS['gen']}={gen_gpus:g}, {SHARE_KEYS['learner']}={learner_gpus:g}): "
+            "give the roles shares below one GPU (+axis/scale=g1: half a GPU each), or leave "
+            "resources.gpu_sharing=auto"
+        )
+    pinned = [f"{QUOTA_KEYS[r]}={p}" for r, p in (("gen", gen_sm_pct), ("learner", train_sm_pct))
+              if p is not None]  # fmt: skip
+    if asked == Sharing.time_sliced and pinned:
+        raise ValueError(
+            f"{', '.join(pinned)} with resources.gpu_sharing=time_sliced: nothing enforces a "
+            "quota on a time-sliced GPU; leave the quotas null, or share by mps or mig"
+        )
+
+
 def together(gen_gpus: float, learner_gpus: float) -> bool:
     """The generator and the learner each ask a share and both fit on one GPU: placement packs
     them onto one GPU, and their quotas split its SMs."""

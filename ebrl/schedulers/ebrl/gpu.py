@@ -60,6 +60,8 @@ class GpuFabric:
     resources: dict[str, dict[str, float]] | None = None
     mps_control: str = "nvidia-cuda-mps-control"
     device: str | None = None
+    #: how the roles are to share a GPU (``resources.gpu_sharing``: auto, mps, mig, time_sliced)
+    asked: str = "auto"
     #: each role's SM quota in force (role -> percent; None: the role has whole GPUs or none)
     quotas: dict[str, int | None] = field(default_factory=dict)
     #: how the quotas were chosen (pinned, Algorithm 1, the shares)
@@ -102,6 +104,7 @@ class GpuFabric:
             train_samples: the decisions a learner rank trains on per update.
         """
         node = (cfg.get("resources") if cfg is not None else None) or {}
+        self.asked = str(node.get("gpu_sharing") or "auto")
         self.split = sharing.decide_split(
             self.gen_gpus,
             self.learner_gpus,
@@ -134,6 +137,10 @@ class GpuFabric:
         self.placed = place(asks, cluster_nodes(), gpu_setting=keys)
         quotas = self.quotas or sharing.quotas(self.gen_gpus, self.learner_gpus)
         quota = {p.ask: quotas.get(p.role) for p in self.placed if p.ask.gpus > 0}
+        # the nodes whose GPUs roles share (MPS daemons there, or MIG instances)
+        shared = {p.node.node_id: p.node.address for p in self.placed if quota.get(p.ask)}
+        if self.asked == sharing.Sharing.time_sliced:  # as asked: no quota anywhere
+            quota = dict.fromkeys(quota)
         per_gpu: dict[tuple[str, int], list[tuple[str, int]]] = {}
         for p in self.placed:
             if quota.get(p.ask) is not None:
@@ -150,10 +157,16 @@ class GpuFabric:
         if run_dir is not None:
             run_dir.mkdir(parents=True, exist_ok=True)
             (run_dir / "placement.txt").write_text(table + "\n")
-        pipes = self.start_mps(
-            {p.node.node_id: p.node.address for p in self.placed if quota.get(p.ask)}
-        )
+        pipes = self.start_mps(shared)
         mig = self._mig_devices(quota)
+        if self.asked == sharing.Sharing.mig and (
+            left := [p.ask.name for p in self.placed if quota.get(p.ask) and p.ask not in mig]
+        ):
+            raise ValueError(
+                f"resources.gpu_sharing=mig, but no free MIG instance is left for "
+                f"{', '.join(left)}: make one more instance per role on each GPU "
+                "(nvidia-smi mig -cgi <profiles> -C), or resources.gpu_sharing=auto"
+            )
         names = {"sim": sim_name, "gen": gen_name, "learner": learner_name}
         out = {}
         for p in self.placed:
@@ -202,8 +215,10 @@ class GpuFabric:
         """An MPS control daemon, started or joined, on each of ``nodes`` (node id -> address:
         those that host a role with an SM quota): one small Ray actor pinned to each machine
         (``ebrl.resources.mps``), stopped after the roles (:meth:`stop_mps`), and by its keeper
-        if the driver dies. Sets ``sharing``; where a node has no daemon, warns once (what to
-        install or enable): its roles time-slice the GPU.
+        if the driver dies. Sets ``sharing``. With ``resources.gpu_sharing=auto``, a node no
+        daemon serves uses its GPU's MIG instances, else its roles time-slice the GPU (warned
+        once: what to install or enable); ``mps`` and ``mig`` stop the run where they cannot
+        serve (:meth:`_refuse_unserved`); ``mig`` starts no daemon, ``time_sliced`` nothing.
 
         Returns:
             node id -> the pipe directory of the daemon serving it.
@@ -213,15 +228,22 @@ class GpuFabric:
         self._mig_nodes = {}
         if not nodes:
             return {}
+        if self.asked == sharing.Sharing.time_sliced:
+            log.info("GPU shares time-sliced, as asked (resources.gpu_sharing=time_sliced): "
+                     "no MPS daemon, no quotas")  # fmt: skip
+            self._set_sharing(sharing.Sharing.time_sliced)
+            return {}
         self.mps = ClusterMPS(self.mps_control)
         mig: dict[str, Any] = {}
         try:
-            states = self.mps.start(nodes)
+            states = self.mps.start(nodes, daemon=self.asked != sharing.Sharing.mig)
             mig = self._mig_nodes = mig_gpus(states)  # MIG serves where no daemon does
             bare = {s for n, s in states.items() if not s.serves and n not in mig}
             missing = [s.why + " and its GPU has no MIG instances" for s in bare]
         except Exception as e:  # an actor that could not start: the run goes on, time-sliced
+            states = {}
             missing = [f"the MPS keepers did not start ({type(e).__name__}: {e})"]
+        self._refuse_unserved(nodes, states, missing)
         if missing:
             self._set_sharing(sharing.Sharing.time_sliced)
             why = "; ".join(missing)
@@ -229,6 +251,29 @@ class GpuFabric:
         else:
             self._set_sharing(sharing.Sharing.mig if mig else sharing.Sharing.mps)
         return self.mps.pipes()
+
+    def _refuse_unserved(
+        self, nodes: dict[str, str], states: dict[str, Any], missing: list[str]
+    ) -> None:
+        """Stop the run, before any worker starts, where the way of sharing it asked for
+        (``resources.gpu_sharing=mps`` or ``mig``) cannot serve a node; ``auto`` goes on."""
+        if self.asked == sharing.Sharing.mps:
+            unserved = [s.why for s in states.values() if not s.serves] or missing
+            if unserved:
+                raise ValueError(
+                    f"resources.gpu_sharing=mps, but {'; '.join(sorted(set(unserved)))}: "
+                    "install the NVIDIA driver's MPS tools (nvidia-cuda-mps-control on PATH on "
+                    "every GPU node), or set resources.gpu_sharing=auto (MIG, else time-sliced)"
+                )
+        elif self.asked == sharing.Sharing.mig:
+            bare = sorted({nodes[n] for n in nodes if n not in self._mig_nodes})
+            if bare:
+                raise ValueError(
+                    f"resources.gpu_sharing=mig, but the GPUs of {', '.join(bare) or 'the nodes'}"
+                    " are not in MIG mode or have no MIG instances: enable MIG and make an "
+                    "instance per role (nvidia-smi -i <gpu> -mig 1; nvidia-smi mig -cgi "
+                    "<profiles> -C), or set resources.gpu_sharing=auto"
+                )
 
     def _set_sharing(self, how: sharing.Sharing | None) -> None:
         """How the GPUs are shared; logged with the next report (:meth:`unlogged_params`)."""
@@ -370,7 +415,10 @@ class GpuFabric:
         out: dict[str, str] = {}
         if self.sharing is not None and not self._sharing_logged:
             out[sharing.TAG] = str(self.sharing)
-            if self.split is not None and self.sharing != sharing.Sharing.whole:
+            if self.asked != "auto":
+                out[f"{sharing.TAG}_asked"] = self.asked
+            quotas = self.sharing not in (sharing.Sharing.whole, sharing.Sharing.time_sliced)
+            if self.split is not None and (quotas or self.asked == "auto"):
                 out.update(self.split.params())  # and how the SMs were split
             self._sharing_logged = True
         out.update(self._unlogged_resplits)
