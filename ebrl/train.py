@@ -284,7 +284,7 @@ def _refuse_unwired_resources(run: RunConfig) -> None:
     that the run would not honour: any, under another scheduler; SM quotas the roles' GPU
     shares cannot take; under ``scheduler=ebrl``, cores without pinning, and settings of a part
     that is off."""
-    from ebrl.resources.sharing import check_gpu_profile, check_quotas, check_sharing
+    from ebrl.resources.sharing import check_gpu_profile, check_quotas
 
     res = run.resources
     expected = {f.name: getattr(ResourcesNode(), f.name) for f in dataclasses.fields(ResourcesNode)}
@@ -295,9 +295,8 @@ def _refuse_unwired_resources(run: RunConfig) -> None:
     on_ebrl_workers = gen_gpus is not None and learner_gpus is not None
     if on_ebrl_workers:  # the roles' processes take their quotas under every such scheduler
         try:
-            check_quotas(gen_gpus, learner_gpus, res.gen_sm_pct, res.train_sm_pct)
+            check_quotas(gen_gpus, learner_gpus, res.gen_sm_pct, res.train_sm_pct, res.gpu_sharing)
             check_gpu_profile(res.gpu_profile, gen_gpus, learner_gpus)
-            check_sharing(res.gpu_sharing, gen_gpus, learner_gpus, res.gen_sm_pct, res.train_sm_pct)
         except ValueError as e:
             raise ConfigError(str(e)) from e
         expected.update(

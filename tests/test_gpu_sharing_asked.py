@@ -10,7 +10,6 @@ with the shipped ``+axis/scale=g1 gpu=h100`` on the fake GPU layer of ``test_gpu
 from __future__ import annotations
 
 import pytest
-
 from hydra.errors import ConfigCompositionException
 
 from ebrl.config import ConfigError, validate

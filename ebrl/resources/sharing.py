@@ -78,15 +78,21 @@ def check_quotas(
     learner_gpus: float,
     gen_sm_pct: int | None = None,
     train_sm_pct: int | None = None,
+    asked: str = "auto",
 ) -> None:
-    """Refuse SM quotas a run cannot honour, before any work starts.
+    """Refuse SM quotas, and a way of sharing (``asked``: ``resources.gpu_sharing``), that a
+    run cannot honour, before any work starts.
 
     Raises:
         ValueError: a quota outside (0, 100]; a quota pinned for a role that asks no GPU; a
             generator and a learner that share one GPU (each asks a share, both fit on one GPU,
-            so placement packs them together) with quotas past 100%. The message names the key
-            and the fix.
+            so placement packs them together) with quotas past 100%; a way of sharing asked
+            (not ``auto``) where no role shares a GPU; quotas pinned with ``time_sliced``
+            (nothing would enforce them). The message names the key and the fix. Whether a
+            node can serve ``mps`` or ``mig`` is found when the run places its roles, before
+            any worker starts (``ebrl.schedulers.ebrl.gpu``).
     """
+    _check_asked(asked, gen_gpus, learner_gpus, gen_sm_pct, train_sm_pct)
     shares = {"gen": gen_gpus, "learner": learner_gpus}
     pinned = {"gen": gen_sm_pct, "learner": train_sm_pct}
     for role, pct in pinned.items():
@@ -112,21 +118,10 @@ def check_quotas(
         )
 
 
-def check_sharing(
-    asked: str,
-    gen_gpus: float,
-    learner_gpus: float,
-    gen_sm_pct: int | None = None,
-    train_sm_pct: int | None = None,
+def _check_asked(
+    asked: str, gen_gpus: float, learner_gpus: float, gen_pct: int | None, train_pct: int | None
 ) -> None:
-    """Refuse a ``resources.gpu_sharing`` the run cannot honour, before any work starts.
-
-    Raises:
-        ValueError: a way of sharing asked (not ``auto``) where no role shares a GPU; quotas
-            pinned with ``time-sliced`` (nothing would enforce them). Whether a node can serve
-            ``mps`` or ``mig`` is found when the run places its roles, before any worker
-            starts (``ebrl.schedulers.ebrl.gpu``).
-    """
+    """``resources.gpu_sharing``'s part of :func:`check_quotas`."""
     if asked == "auto":
         return
     if not (is_share(gen_gpus) or is_share(learner_gpus)):
@@ -136,7 +131,7 @@ def check_sharing(
             "give the roles shares below one GPU (+axis/scale=g1: half a GPU each), or leave "
             "resources.gpu_sharing=auto"
         )
-    pinned = [f"{QUOTA_KEYS[r]}={p}" for r, p in (("gen", gen_sm_pct), ("learner", train_sm_pct))
+    pinned = [f"{QUOTA_KEYS[r]}={p}" for r, p in (("gen", gen_pct), ("learner", train_pct))
               if p is not None]  # fmt: skip
     if asked == Sharing.time_sliced and pinned:
         raise ValueError(
