@@ -18,6 +18,7 @@ on effective episodes for a success rate), or ``t``, ``bca``, ``percentile``, ``
 the statistics that have it; every column header and every table's notes name the one shown.
 
 Usage: ``python -m analysis.report --runs results/export --kind headline --out results/headline``
+(``--runs A B``: the runs of several export folders together, e.g. a study made in batches).
 """
 
 from __future__ import annotations
@@ -87,25 +88,52 @@ def _tells_apart(runs: pd.DataFrame, col: str) -> bool:
     return True
 
 
-def _provenance(runs_dir: Path, argv: Sequence[str]) -> str:
-    meta_path = runs_dir / "export.json"
-    meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
+def _provenance(runs_dirs: Sequence[Path], argv: Sequence[str]) -> str:
+    """The report's command, then each export folder's: its command, date, the commits of its
+    runs and the machines (one block per folder, in the order given)."""
     from ebrl.tracking import portable
 
-    lines = [
-        f"report: `{portable('python -m analysis.report ' + ' '.join(argv))}`",
-        f"export: `{portable(meta.get('command') or 'unknown')}` "
-        f"({meta.get('date', 'date unknown')})",
-        f"run commits: {', '.join(meta.get('run_commits', [])) or 'unknown'}; "
-        f"analysis commit: {meta.get('analysis_commit', 'unknown')}",
-        f"machines: {'; '.join(meta.get('machines', [])) or 'unknown'}",
-    ]
-    lines += [f"export note: {x}" for x in meta.get("lines", [])[1:]]
+    lines = [f"report: `{portable('python -m analysis.report ' + ' '.join(argv))}`"]
+    for i, runs_dir in enumerate(runs_dirs):
+        meta_path = runs_dir / "export.json"
+        meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
+        of = (
+            f" {i + 1} of {len(runs_dirs)} ({portable(str(runs_dir))})"
+            if len(runs_dirs) > 1
+            else ""
+        )
+        lines += [
+            f"export{of}: `{portable(meta.get('command') or 'unknown')}` "
+            f"({meta.get('date', 'date unknown')})",
+            f"run commits: {', '.join(meta.get('run_commits', [])) or 'unknown'}; "
+            f"analysis commit: {meta.get('analysis_commit', 'unknown')}",
+            f"machines: {'; '.join(meta.get('machines', [])) or 'unknown'}",
+        ]
+        lines += [f"export note: {x}" for x in meta.get("lines", [])[1:]]
     return "\n".join(f"- {x}" for x in lines)
 
 
+def read_exports(runs_dirs: Sequence[Path]) -> tuple[pd.DataFrame, pd.DataFrame | None]:
+    """``runs.csv`` and ``curves.csv`` of one or several export folders, together (the
+    batches of one study: each made and committed on its own, reported as one). A run that
+    two folders both hold (the same run id) is counted once."""
+    runs, curves = [], []
+    for d in runs_dirs:
+        runs_csv = d / "runs.csv"
+        if not files.exists(runs_csv):
+            raise SystemExit(f"{runs_csv} not found: run `python -m analysis.export` first")
+        runs.append(files.read_csv(runs_csv))
+        if files.exists(d / "curves.csv"):
+            curves.append(files.read_csv(d / "curves.csv"))
+    all_runs = pd.concat(runs, ignore_index=True).drop_duplicates("run_id", keep="first")
+    if not curves:
+        return all_runs, None
+    all_curves = pd.concat(curves, ignore_index=True).drop_duplicates()
+    return all_runs, all_curves
+
+
 def _gantts(
-    runs: pd.DataFrame, runs_dir: Path, args: argparse.Namespace, figs: ModuleType
+    runs: pd.DataFrame, runs_dirs: Sequence[Path], args: argparse.Namespace, figs: ModuleType
 ) -> list[tuple[str, Figure]]:
     """(name, figure) per trace: the given files, else the lowest-seed run of each scheduler."""
     window = tuple(float(x) for x in args.window_s.split(",")) if args.window_s else None
@@ -117,13 +145,14 @@ def _gantts(
     out = []
     order = runs.sort_values([c for c in ("seed", "run_name") if c in runs])
     for sched, g in order.groupby(args.scheduler_col, sort=True):
-        found = [runs_dir / "traces" / f"{r}.json" for r in g["run_id"]]
+        found = [d / "traces" / f"{r}.json" for r in g["run_id"] for d in runs_dirs]
         found = [p for p in found if p.exists()]
         if found:
             title = f"{sched}: {g.iloc[0]['run_name']}" if "run_name" in g else str(sched)
             out.append((str(sched), figs.gantt(found[0], window=window, title=title)))
     if not out:
-        raise SystemExit(f"no traces: pass --trace FILE or export with --traces into {runs_dir}")
+        into = " or ".join(str(d) for d in runs_dirs)
+        raise SystemExit(f"no traces: pass --trace FILE or export with --traces into {into}")
     return out
 
 
@@ -212,7 +241,13 @@ def build(
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--runs", type=Path, required=True, help="folder written by analysis.export")
+    ap.add_argument(
+        "--runs",
+        type=Path,
+        nargs="+",
+        required=True,
+        help="folder(s) written by analysis.export; several: their runs reported together",
+    )
     ap.add_argument("--kind", choices=KINDS, required=True)
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--value", default="throughput_e2e", help="runs.csv column to compare")
@@ -254,10 +289,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--window-s", help="START,END seconds of the trace to draw")
     ap.add_argument("--seed", type=int, default=0, help="bootstrap random seed")
     args = ap.parse_args(argv)
-    runs_csv = args.runs / "runs.csv"
-    if not files.exists(runs_csv):
-        raise SystemExit(f"{runs_csv} not found: run `python -m analysis.export` first")
-    runs = _filter(names.display_runs(files.read_csv(runs_csv)), args.where)
+    runs, curves = read_exports(args.runs)
+    runs = _filter(names.display_runs(runs), args.where)
     if args.config_cols is None:
         args.config_cols = [c for c in CONFIG_COLS if _tells_apart(runs, c)]
     need = [*args.config_cols, args.scheduler_col]
@@ -265,9 +298,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     absent = [c for c in need if c not in runs]
     if absent:
         raise SystemExit(f"runs.csv has no column {absent}; it has {list(runs.columns)}")
-    curves = None
-    if files.exists(args.runs / "curves.csv"):
-        curves = files.read_csv(args.runs / "curves.csv")
+    if curves is not None:
         curves = curves[curves["run_id"].isin(runs["run_id"])]
     try:
         table, fig_list = build(args.kind, runs, curves, args)

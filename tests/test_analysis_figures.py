@@ -190,6 +190,31 @@ def test_report_cli(kind, data, tmp_path, capsys):
         assert (out / f"{kind}.tex").read_text().startswith(r"\begin{table}")
 
 
+def test_a_study_exported_in_batches_reports_as_one_export(data, tmp_path):
+    """``--runs A B``: two export folders (seed 0, then seeds 1-2) give the table one folder
+    of all the runs gives; the provenance names each folder; a run in both counts once."""
+    runs, curves = data
+    runs = runs[runs["algo"] == "PPO"]
+    curves = curves[curves["run_id"].isin(runs["run_id"])]
+    parts = {"all": runs, "b0": runs[runs["seed"] == 0], "b1": runs[runs["seed"] > 0]}
+    for name, r in parts.items():
+        (tmp_path / name).mkdir()
+        r.to_csv(tmp_path / name / "runs.csv", index=False)
+        curves[curves["run_id"].isin(r["run_id"])].to_csv(tmp_path / name / "curves.csv")
+    # a run of batch 0 exported again with batch 1: counted once
+    both = pd.concat([parts["b1"], parts["b0"].iloc[:1]])
+    both.to_csv(tmp_path / "b1" / "runs.csv", index=False)
+    got = {}
+    for name, src in {"one": ["all"], "batches": ["b0", "b1"]}.items():
+        out = tmp_path / f"out-{name}"
+        args = ["--runs", *(str(tmp_path / s) for s in src), "--kind", "convergence"]
+        assert report([*args, "--out", str(out), "--threshold", "0.8"]) == 0
+        got[name] = (out / "convergence.md").read_text()
+    table = got["one"].split("Provenance")[0]
+    assert got["batches"].split("Provenance")[0] == table
+    assert "export 1 of 2" in got["batches"] and "export 2 of 2" in got["batches"]
+
+
 def test_ablation_with_allocator_orders_cumulative_then_leave_one_out():
     """The lead's ablation axis: lockstep -> +overlap -> +pipeline -> all_levels -> full, and
     full minus each level; a level is on when its column holds the "on" value."""
