@@ -139,3 +139,33 @@ def test_without_mig_mode_nvml_shows_no_instances(monkeypatch, tmp_path):
 
     (gpu,) = discover_gpus(fake_nvml(monkeypatch, tmp_path, None))
     assert not gpu.mig_enabled and gpu.mig_instances == ()
+
+
+def test_a_re_split_that_saves_less_than_a_restart_over_the_time_left_is_declined():
+    """Once a re-split's cost is known, the same drift near the end of a run (10 s left) is
+    worth less than a 4 s restart: the split stays, the profile keeps what was measured, and it
+    is said why; with an hour left it is applied."""
+    first = sharing.SMResplitter(PROFILE, 1, 16, threshold=0.15, window=3)
+    gen, train = planned(first)
+    assert [first.observe(gen * 0.5, train, s, left_s=5.0) for s in range(3)][2] is not None
+    assert first.restart_s is None  # the first applies whatever is left: its cost is unknown
+
+    for left, applied in ((10.0, False), (3600.0, True)):
+        r = sharing.SMResplitter(PROFILE, 1, 16, threshold=0.15, window=3)
+        r.applied(4.0)  # a re-split before this one took 4 s from decision to effect
+        start = r.quotas
+        gen, train = planned(r)
+        got = [r.observe(gen * 0.5, train, s, left_s=left) for s in range(3)]
+        if applied:
+            assert got[2] is not None and r.quotas != start and r.declined == []
+            continue
+        assert got == [None, None, None] and r.quotas == start
+        (no,) = r.declined
+        assert no.old == start and no.new["gen"] > start["gen"] and no.restart_s == 4.0
+        assert 0 < no.saved_s < 4.0 and no.left_s == 10.0
+        assert "less than a generator restart (4.0 s): kept" in no.describe()
+        # the profile moved halfway to what was measured: the drift fires a window later on it,
+        # and is weighed again (a larger move, a larger saving, still under the restart)
+        assert [r.observe(gen * 0.5, train, s, left_s=left) for s in range(3, 6)] == [None] * 3
+        assert len(r.declined) == 2 and r.quotas == start
+        assert r.declined[1].new["gen"] >= no.new["gen"] and r.declined[1].saved_s >= no.saved_s

@@ -364,12 +364,46 @@ class Resplit:
         )
 
 
+@dataclass(frozen=True)
+class Declined:
+    """A re-split Algorithm 1 chose and the run did not apply: over the time left, the faster
+    split would save less than a generator restart costs.
+
+    Attributes:
+        step: the update at the decision.
+        old: role -> SM percent kept.
+        new: role -> SM percent Algorithm 1 chose.
+        saved_s: seconds the new split would save over ``left_s`` (on the rescaled profile).
+        left_s: the run's seconds left, as estimated at the decision.
+        restart_s: what the last applied re-split took from decision to effect.
+    """
+
+    step: int
+    old: dict[str, int]
+    new: dict[str, int]
+    saved_s: float
+    left_s: float
+    restart_s: float
+
+    def describe(self) -> str:
+        return (
+            f"update {self.step}: gen {self.old['gen']}% -> {self.new['gen']}% would save "
+            f"~{self.saved_s:.1f} s of the ~{self.left_s:.0f} s left, less than a generator "
+            f"restart ({self.restart_s:.1f} s): kept"
+        )
+
+
 class SMResplitter:
     """Algorithm 1 at run time over a shared GPU's SMs: the elastic allocator
     (:class:`~ebrl.resources.elastic.ElasticAllocator`) on the SM-percent profile the run's
     split was chosen from (:func:`sm_rates`), fed each update's measured stage capacities;
     when they drift from the plan by more than ``threshold`` for ``window`` updates it searches
     the split again on the profile rescaled to what was measured.
+
+    A new split takes a generator restart, so one is applied only where it pays: once a
+    re-split's cost is known (:meth:`applied`), a later one whose predicted saving over the
+    run's time left is smaller is declined (:class:`Declined`; the profile keeps what was
+    measured, the split stays). The first is always applied: its cost is what is measured.
 
     Args:
         profile: ``resources.gpu_profile``.
@@ -402,6 +436,9 @@ class SMResplitter:
             prof, Pool(100, "sm_percent", min_units=min_pct), DivergenceMonitor(threshold, window)
         )
         self.history: list[Resplit] = []
+        self.declined: list[Declined] = []
+        #: seconds the last applied re-split took from decision to effect (None: none yet)
+        self.restart_s: float | None = None
 
     @property
     def quotas(self) -> dict[str, int]:
@@ -409,12 +446,24 @@ class SMResplitter:
         a = self.allocator.current
         return {"gen": a.gen_units, "learner": a.train_units}
 
-    def observe(self, gen_per_s: float, train_per_s: float, step: int) -> Resplit | None:
+    def applied(self, seconds: float) -> None:
+        """The last re-split took ``seconds`` from decision to effect: the cost of the next."""
+        self.restart_s = float(seconds)
+
+    def observe(
+        self, gen_per_s: float, train_per_s: float, step: int, left_s: float | None = None
+    ) -> Resplit | None:
         """One update's measured capacities (decisions per busy second of the generator and
-        of the learner); a :class:`Resplit` when Algorithm 1 fired and chose another split."""
+        of the learner); a :class:`Resplit` when Algorithm 1 fired and chose another split
+        that pays for its restart over ``left_s``, the run's seconds left (None: unknown,
+        every re-split pays)."""
         old = self.quotas
         r = self.allocator.observe(gen_per_s, train_per_s, step=step)
         if r is None or not r.changed:
+            return None
+        if (kept := self._worth_less_than_a_restart(r, left_s)) is not None:
+            self.declined.append(kept)
+            log.info("GPU re-split declined at %s", kept.describe())
             return None
         # the stage that drifted from its own level, else the one further from its planned rate
         stage = self.allocator.drift.stage if "drifted" in r.cause else ""
@@ -428,3 +477,29 @@ class SMResplitter:
         self.history.append(out)
         log.info("GPU re-split at %s (%s)", out.describe(), r.cause)
         return out
+
+    def _worth_less_than_a_restart(self, r: Any, left_s: float | None) -> Declined | None:
+        """Where the split ``r`` chose saves less over ``left_s`` than the last restart cost:
+        the old split is put back, priced on the rescaled profile (so the monitors compare
+        what is measured with what that profile says), and the refusal returned."""
+        if left_s is None or self.restart_s is None:
+            return None
+        import dataclasses
+
+        from ebrl.resources.split import predict
+
+        prof, cur = self.allocator.profile, r.old
+        kept = dataclasses.replace(
+            cur,
+            gen_throughput=predict(prof, "gen", cur.gen_units, cur.gen_batch),
+            train_throughput=predict(prof, "train", cur.train_units, cur.train_batch),
+        )
+        if kept.throughput <= 0:
+            return None  # the old split cannot be priced: apply the new one
+        saved = max(0.0, left_s) * max(0.0, 1.0 - kept.throughput / r.new.throughput)
+        if saved >= self.restart_s:
+            return None
+        self.allocator.current = kept
+        old = {"gen": cur.gen_units, "learner": cur.train_units}
+        new = {"gen": r.new.gen_units, "learner": r.new.train_units}
+        return Declined(int(r.step or 0), old, new, saved, float(left_s), self.restart_s)

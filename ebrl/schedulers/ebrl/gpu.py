@@ -78,6 +78,10 @@ class GpuFabric:
     _mig_nodes: dict[str, Any] = field(default_factory=dict)
     #: whether ``sharing`` went to MLflow (:meth:`unlogged_params`)
     _sharing_logged: bool = False
+    #: (clock, update) when the first report was fed to the re-splitter: the run's pace
+    _paced_from: tuple[float, int] | None = None
+    #: when the fabric was made, at the run's start: a minutes budget counts from there
+    _started: float = field(default_factory=time.perf_counter)
     #: re-splits not logged yet (MLflow param -> what happened)
     _unlogged_resplits: dict[str, str] = field(default_factory=dict)
 
@@ -337,6 +341,8 @@ class GpuFabric:
     def resplit(
         self,
         iteration: int,
+        env_steps: int,
+        budget: Any,
         metrics: dict[str, float],
         manager: RunTimeManager,
         restarts: Restarts,
@@ -349,6 +355,9 @@ class GpuFabric:
         made). The learner keeps its cap (its optimiser state lives in its process): a cap is a
         limit, not a reservation, so a lower generator cap gives it the SMs up to its own.
         Recorded in the run's log, ``gpu_resplits.jsonl`` and MLflow (``gpu/resplit<n>``).
+        A re-split that would save less over the run's time left (:meth:`seconds_left`, from
+        ``budget``: the run's ``budget`` node) than the last restart took is declined
+        (``SMResplitter``; counted in ``gpu/resplits_declined``).
 
         Returns:
             the update's ``gpu/*`` metrics: the quotas in force, the re-splits so far and the
@@ -366,7 +375,9 @@ class GpuFabric:
         trying = manager.trials is not None and not manager.trials.done
         if trying or iteration < manager.warmup or gen is None or train is None:
             return out
-        r = self.resplitter.observe(float(gen), float(train), iteration)
+        left = self.seconds_left(budget, iteration, env_steps)
+        r = self.resplitter.observe(float(gen), float(train), iteration, left)
+        out["gpu/resplits_declined"] = float(len(self.resplitter.declined))
         if r is None:
             return out
 
@@ -377,6 +388,7 @@ class GpuFabric:
             restarts.requota(gen_name(i), r.new["gen"], handles, opened)
         # in force: the new process acts for its env workers, with the newest weights
         seconds = time.perf_counter() - r.decided_at
+        self.resplitter.applied(seconds)  # what the next re-split must save to be worth it
         self.quotas = {**self.quotas, "gen": r.new["gen"]}
         n = len(self.resplitter.history)
         said = f"{r.describe()}; generator restarted with its quota in {seconds:.2f} s"
@@ -408,6 +420,25 @@ class GpuFabric:
             }
         )
         return out
+
+    def seconds_left(self, budget: Any, iteration: int, env_steps: int) -> float | None:
+        """The run's seconds left, at its pace since the re-splitter's first report: the
+        least of what ``budget``'s updates, env steps and minutes leave (None: unknown yet)."""
+        now = time.perf_counter()
+        if self._paced_from is None:
+            self._paced_from = (now, iteration)
+        t0, i0 = self._paced_from
+        per_update = (now - t0) / (iteration - i0) if iteration > i0 else None
+        budget = budget or {}
+        left = []
+        if (minutes := budget.get("minutes")) is not None:
+            left.append(self._started + 60.0 * float(minutes) - now)
+        if per_update is not None:
+            if (updates := budget.get("iterations")) is not None:
+                left.append((int(updates) - iteration) * per_update)
+            if (steps := budget.get("env_steps")) is not None and env_steps > 0 and iteration:
+                left.append((int(steps) - env_steps) / env_steps * iteration * per_update)
+        return max(0.0, min(left)) if left else None
 
     def unlogged_params(self) -> dict[str, str]:
         """The MLflow params decided since the last call (how the GPUs were shared, how the
