@@ -176,7 +176,7 @@ class GpuFabric:
         for p in self.placed:
             opts = ray_options(
                 p,
-                mps=p.ask not in mig,
+                mps=p.ask not in mig and self.asked != sharing.Sharing.time_sliced,
                 sm_pct=quota.get(p.ask),
                 mps_pipe=pipes.get(p.node.node_id),
             )
