@@ -253,7 +253,10 @@ def test_a_heavier_learner_in_a_real_run_fires_the_shape_watch(tiny_cfg, tmp_pat
     shape_rows = [r for r in rows if r.get("kind") == "shape"]
     learner = [r for r in shape_rows if r["factors"].get("train", 1.0) > 2.0]
     assert learner, shape_rows
-    assert learner[0]["step"] >= 8 and "train" in learner[0]["cause"]
+    # update 6 is the first slowed one (the learner version it starts at, 6): a window of 3
+    # slowed updates fires at 8; one whose first update swung past the band by chance fires at
+    # 7 (seen 2026-12-07, on an idle machine, at the commit before this line: 1 run in 2)
+    assert learner[0]["step"] >= 7 and "train" in learner[0]["cause"]
     assert learner[0]["search_s"] > 0
     last_row = metrics(tmp_path)[-1]
     fired = float(last_row["shape/moves"]) + float(last_row["shape/kept_on_drift"])
