@@ -169,3 +169,18 @@ def test_a_re_split_that_saves_less_than_a_restart_over_the_time_left_is_decline
         assert [r.observe(gen * 0.5, train, s, left_s=left) for s in range(3, 6)] == [None] * 3
         assert len(r.declined) == 2 and r.quotas == start
         assert r.declined[1].new["gen"] >= no.new["gen"] and r.declined[1].saved_s >= no.saved_s
+
+
+def test_the_time_left_a_re_split_is_weighed_against_comes_from_the_runs_budget(monkeypatch):
+    """``GpuFabric.seconds_left``: unknown before the pace is measured (an update budget), the
+    minutes left of a minutes budget from the start, the least of what each budget leaves."""
+    from ebrl.schedulers.ebrl import gpu
+
+    clock = iter([100.0, 100.0, 110.0, 130.0])  # made; first report; 1 update later; 2 more
+    monkeypatch.setattr(gpu.time, "perf_counter", lambda: next(clock))
+    fabric = gpu.GpuFabric(0.5, 0.5)
+    assert fabric.seconds_left({"iterations": 20}, 4, 400) is None  # no pace yet
+    assert fabric.seconds_left({"iterations": 20}, 5, 500) == pytest.approx(15 * 10.0)
+    # 3 updates in 30 s since update 4; 1000 env steps left at 100 a update: 10 updates
+    budget = {"iterations": 20, "env_steps": 1700, "minutes": 1}
+    assert fabric.seconds_left(budget, 7, 700) == pytest.approx(min(13 * 10, 10 * 10, 60 - 30))

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ebrl.resources import sharing
+from ebrl.resources.apply import MPS_CONTROL
 from ebrl.resources.mps import ClusterMPS, mig_gpus
 from ebrl.runtime.backend import RayBackend
 from ebrl.runtime.placement import (
@@ -58,7 +59,7 @@ class GpuFabric:
     gen_gpus: float = 0.0
     learner_gpus: float = 0.0
     resources: dict[str, dict[str, float]] | None = None
-    mps_control: str = "nvidia-cuda-mps-control"
+    mps_control: str = MPS_CONTROL
     device: str | None = None
     #: how the roles are to share a GPU (``resources.gpu_sharing``: auto, mps, mig, time_sliced)
     asked: str = "auto"
@@ -81,7 +82,7 @@ class GpuFabric:
     #: (clock, update) when the first report was fed to the re-splitter: the run's pace
     _paced_from: tuple[float, int] | None = None
     #: when the fabric was made, at the run's start: a minutes budget counts from there
-    _started: float = field(default_factory=time.perf_counter)
+    _started: float = field(default_factory=lambda: time.perf_counter())
     #: re-splits not logged yet (MLflow param -> what happened)
     _unlogged_resplits: dict[str, str] = field(default_factory=dict)
 
