@@ -81,6 +81,8 @@ class GpuFabric:
     _sharing_logged: bool = False
     #: (clock, update) when the first report was fed to the re-splitter: the run's pace
     _paced_from: tuple[float, int] | None = None
+    #: the run's ``budget`` node (:meth:`start_resplitter`): the time a re-split is weighed over
+    _budget: Any = None
     #: when the fabric was made, at the run's start: a minutes budget counts from there
     _started: float = field(default_factory=lambda: time.perf_counter())
     #: re-splits not logged yet (MLflow param -> what happened)
@@ -318,6 +320,7 @@ class GpuFabric:
         elsewhere (pinned quotas stay; without MPS a quota is not enforced; without the
         resource manager no rates are measured)."""
         self.resplitter = None
+        self._budget = cfg.get("budget")
         if (
             manager is None
             or self.split is None
@@ -343,7 +346,6 @@ class GpuFabric:
         self,
         iteration: int,
         env_steps: int,
-        budget: Any,
         metrics: dict[str, float],
         manager: RunTimeManager,
         restarts: Restarts,
@@ -357,8 +359,8 @@ class GpuFabric:
         limit, not a reservation, so a lower generator cap gives it the SMs up to its own.
         Recorded in the run's log, ``gpu_resplits.jsonl`` and MLflow (``gpu/resplit<n>``).
         A re-split that would save less over the run's time left (:meth:`seconds_left`, from
-        ``budget``: the run's ``budget`` node) than the last restart took is declined
-        (``SMResplitter``; counted in ``gpu/resplits_declined``).
+        the run's ``budget`` node, kept by :meth:`start_resplitter`) than the last restart
+        took is declined (``SMResplitter``; counted in ``gpu/resplits_declined``).
 
         Returns:
             the update's ``gpu/*`` metrics: the quotas in force, the re-splits so far and the
@@ -376,7 +378,7 @@ class GpuFabric:
         trying = manager.trials is not None and not manager.trials.done
         if trying or iteration < manager.warmup or gen is None or train is None:
             return out
-        left = self.seconds_left(budget, iteration, env_steps)
+        left = self.seconds_left(self._budget, iteration, env_steps)
         r = self.resplitter.observe(float(gen), float(train), iteration, left)
         out["gpu/resplits_declined"] = float(len(self.resplitter.declined))
         if r is None:

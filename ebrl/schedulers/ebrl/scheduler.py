@@ -497,11 +497,9 @@ class EBRLScheduler:
                 if manager.choice is not None:
                     self.shape_choice = manager.choice
                 if restarts is not None:
-                    budget = ctx.factory.cfg.get("budget")
                     gpu = self.gpu.resplit(
-                        m.iteration, m.env_steps, budget, metrics, manager, restarts, handles,
-                        ctx.run_dir,
-                    )  # fmt: skip
+                        m.iteration, m.env_steps, metrics, manager, restarts, handles, ctx.run_dir
+                    )
                     metrics.update(gpu)
             params: dict[str, Any] = {}
             choice, self._unlogged_shape = self._unlogged_shape, None
