@@ -1,7 +1,8 @@
-"""A Ray cluster over a multi-task Slurm job's nodes (``ebrl.runtime.slurm_cluster`` and the
-Slurm launcher that calls it), on fake Slurm environments: which task does what, the head's
-address and port, the ``ray start`` commands; the node process's life on fake ``ray start``
-programs; the launcher's routing; the dry run's account of it. The real thing runs in
+"""A Ray cluster over a multi-task Slurm job's nodes (``ebrl.runtime.slurm_cluster``, with
+``slurm_env``, ``slurm_plan`` and ``ray_node``, and the Slurm launcher that calls it), on fake
+Slurm environments: which task does what, the head's address and port, the ``ray start``
+commands; the node process's life on fake ``ray start`` programs; the launcher's routing; the
+dry run's account of it. The real thing runs in
 ``tests/slurm/test_slurm_multinode.py`` (``make test-slurm``)."""
 
 from __future__ import annotations
@@ -22,8 +23,10 @@ from typing import ClassVar
 import psutil
 import pytest
 
+from ebrl.runtime import ray_node, slurm_env, slurm_plan
 from ebrl.runtime import slurm_cluster as sc
-from ebrl.runtime.slurm_cluster import ClusterError, NodePlan, SlurmTask
+from ebrl.runtime.slurm_env import ClusterError, SlurmTask
+from ebrl.runtime.slurm_plan import NodePlan
 
 from .conftest import make_cfg
 
@@ -53,19 +56,21 @@ def expand(nodelist: str) -> list[str]:
 
 
 def task(procid: int, node: str, **extra: str) -> SlurmTask:
-    t = sc.slurm_task(env_of(procid, node, **extra), hostnames=expand, usable_cpus=lambda: 96)
+    t = slurm_env.slurm_task(
+        env_of(procid, node, **extra), hostnames=expand, usable_cpus=lambda: 96
+    )
     assert t is not None
     return t
 
 
 def plan(procid: int, node: str, **extra: str) -> NodePlan:
-    return sc.plan_node(task(procid, node, **extra), resolve=HOSTS.__getitem__, env={})
+    return slurm_plan.plan_node(task(procid, node, **extra), resolve=HOSTS.__getitem__, env={})
 
 
 # --- the Slurm environment --------------------------------------------------------------------
 def test_no_cluster_outside_slurm_or_for_a_single_task():
-    assert sc.slurm_task({}) is None
-    assert sc.slurm_task(env_of(0, "gpu01", SLURM_NTASKS="1"), hostnames=expand) is None
+    assert slurm_env.slurm_task({}) is None
+    assert slurm_env.slurm_task(env_of(0, "gpu01", SLURM_NTASKS="1"), hostnames=expand) is None
 
 
 def test_each_task_reads_its_rank_node_hosts_cpus_and_gpus():
@@ -78,7 +83,7 @@ def test_each_task_reads_its_rank_node_hosts_cpus_and_gpus():
     t = task(1, "gpu02", SLURM_CPUS_PER_TASK="12", TMPDIR="/scratch/job")
     assert (t.cpus, t.tmp) == (12, "/scratch/job")
     # the step's node list (what srun ran the tasks on) wins over the job's
-    t = sc.slurm_task(
+    t = slurm_env.slurm_task(
         env_of(0, "gpu01", SLURM_STEP_NODELIST="gpu[01-02]", SLURM_NTASKS="2"),
         hostnames=expand,
     )
@@ -89,12 +94,12 @@ def test_ray_gets_the_cpus_the_task_may_run_on_not_what_slurm_says(monkeypatch):
     # Slurm 22.05-23.02: an srun without --cpus-per-task may bind a task to one CPU while
     # SLURM_CPUS_PER_TASK still says what the job asked for
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {5})
-    t = sc.slurm_task(env_of(1, "gpu02", SLURM_CPUS_PER_TASK="96"), hostnames=expand)
+    t = slurm_env.slurm_task(env_of(1, "gpu02", SLURM_CPUS_PER_TASK="96"), hostnames=expand)
     assert t is not None and (t.cpus, t.slurm_cpus) == (1, 96)
-    assert "--num-cpus=1" in sc.plan_node(t, resolve=HOSTS.__getitem__, env={}).command()
+    assert "--num-cpus=1" in slurm_plan.plan_node(t, resolve=HOSTS.__getitem__, env={}).command()
     # a task free to run on more CPUs than it was given gets what it was given
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(128)))
-    t = sc.slurm_task(env_of(1, "gpu02", SLURM_CPUS_PER_TASK="96"), hostnames=expand)
+    t = slurm_env.slurm_task(env_of(1, "gpu02", SLURM_CPUS_PER_TASK="96"), hostnames=expand)
     assert t is not None and (t.cpus, t.slurm_cpus) == (96, 96)
 
 
@@ -102,41 +107,41 @@ def test_ray_gets_the_cpus_the_task_may_run_on_not_what_slurm_says(monkeypatch):
     ("value", "n"), [(None, 0), ("", 0), ("NoDevFiles", 0), ("0", 1), ("0,1,2,3", 4), ("3,", 1)]
 )
 def test_gpus_are_the_entries_of_cuda_visible_devices(value, n):
-    assert sc.gpu_count(value) == n
+    assert slurm_env.gpu_count(value) == n
 
 
 def test_a_multi_task_job_without_its_slurm_variables_is_refused_by_name():
     env = env_of(1, "gpu02")
     del env["SLURM_PROCID"], env["SLURMD_NODENAME"]
     with pytest.raises(ClusterError, match=r"no SLURM_PROCID, SLURMD_NODENAME"):
-        sc.slurm_task(env, hostnames=expand)
+        slurm_env.slurm_task(env, hostnames=expand)
 
 
 def test_plain_node_lists_need_no_scontrol():
-    assert sc.scontrol_hostnames("a,b") == ["a", "b"]
+    assert slurm_env.scontrol_hostnames("a,b") == ["a", "b"]
 
 
 # --- what each task starts --------------------------------------------------------------------
 def test_every_task_agrees_on_the_head_and_its_port_a_pure_function_of_the_job():
     plans = [plan(0, "gpu01"), plan(1, "gpu02"), plan(2, "gpu03")]
-    port = sc.head_port(123456)
-    assert port == sc.PORT_BASE + 123456 % sc.PORT_SPAN
+    port = slurm_plan.head_port(123456)
+    assert port == slurm_plan.PORT_BASE + 123456 % slurm_plan.PORT_SPAN
     assert {p.head_address for p in plans} == {f"10.0.0.1:{port}"}
     assert [p.node_ip for p in plans] == ["10.0.0.1", "10.0.0.2", "10.0.0.3"]
     assert {p.temp_dir for p in plans} == {"/tmp/ray-ebrl-123456"}
     assert [dict(p.resources) for p in plans] == [{f"slurm_task_{i}": 1.0} for i in range(3)]
     # another job, another port; both (and the client server's, port + 1) below the
     # ephemeral range and above Ray's worker ports
-    other = sc.head_port(123457)
+    other = slurm_plan.head_port(123457)
     assert other != port
-    for jid in (0, 123456, sc.PORT_SPAN - 1, 10**9 + 7):
-        assert sc.head_port(jid) >= 20000 and sc.head_port(jid) + 1 < 32768
+    for jid in (0, 123456, slurm_plan.PORT_SPAN - 1, 10**9 + 7):
+        assert slurm_plan.head_port(jid) >= 20000 and slurm_plan.head_port(jid) + 1 < 32768
 
 
 def test_the_head_must_run_on_the_first_node():
     t = task(0, "gpu02")
     with pytest.raises(ClusterError, match="task 0 runs on gpu02, but the job's first node"):
-        sc.plan_node(t, resolve=HOSTS.__getitem__, env={})
+        slurm_plan.plan_node(t, resolve=HOSTS.__getitem__, env={})
 
 
 # --- the node's address on a host whose name resolves to loopback -----------------------------
@@ -158,7 +163,7 @@ def resolver_on(node: str):
 def plan_on(procid: int, node: str, env=None, route=None, ifaces=None, **extra: str) -> NodePlan:
     """Task ``procid``'s plan as computed on ``node`` (a Debian host): its route to any peer
     leaves from its eth0 address unless ``route`` says otherwise."""
-    return sc.plan_node(
+    return slurm_plan.plan_node(
         task(procid, node, **extra),
         resolve=resolver_on(node),
         route=route or (lambda peer: HOSTS[node]),
@@ -181,15 +186,15 @@ def test_a_host_name_resolving_to_loopback_gives_this_hosts_routable_address():
     }
     if all(ipaddress.ip_address(a).is_loopback for a in ours):
         pytest.skip("this machine has no address but loopback")
-    p = sc.plan_node(task(0, "gpu01"), resolve=resolver_on("gpu01"), env={})
+    p = slurm_plan.plan_node(task(0, "gpu01"), resolve=resolver_on("gpu01"), env={})
     assert not ipaddress.ip_address(p.node_ip).is_loopback, p.node_ip
     assert p.node_ip in ours
-    assert p.head_address == f"{p.node_ip}:{sc.head_port(123456)}"
+    assert p.head_address == f"{p.node_ip}:{slurm_plan.head_port(123456)}"
 
 
 def test_every_node_gets_the_address_its_peers_reach_under_debians_etc_hosts():
     head, worker = plan_on(0, "gpu01"), plan_on(1, "gpu02")
-    port = sc.head_port(123456)
+    port = slurm_plan.head_port(123456)
     assert (head.node_ip, head.head_address) == ("10.0.0.1", f"10.0.0.1:{port}")
     assert (worker.node_ip, worker.head_address) == ("10.0.0.2", f"10.0.0.1:{port}")
     assert "--node-ip-address=10.0.0.1" in head.command()
@@ -211,7 +216,7 @@ def test_only_loopback_on_a_job_of_several_hosts_is_refused_with_the_fix():
         plan_on(0, "gpu01", route=lambda peer: "127.0.0.1", ifaces=lo)
     # a worker that finds the head's host only on loopback could never reach it
     with pytest.raises(ClusterError, match=r"the head's node gpu01 resolves to 127.0.1.1 on gpu02"):
-        sc.plan_node(
+        slurm_plan.plan_node(
             task(1, "gpu02"),
             resolve=lambda name: DEBIAN,
             route=lambda peer: None,
@@ -225,7 +230,7 @@ def test_tasks_sharing_one_host_may_meet_on_loopback():
     lo = {"lo": ["127.0.0.1"]}
     plans = [plan_on(i, "gpu01", route=lambda peer: None, ifaces=lo, **one) for i in (0, 1)]
     assert {p.node_ip for p in plans} == {DEBIAN}
-    assert {p.head_address for p in plans} == {f"{DEBIAN}:{sc.head_port(123456)}"}
+    assert {p.head_address for p in plans} == {f"{DEBIAN}:{slurm_plan.head_port(123456)}"}
 
 
 def test_ray_start_commands_of_the_head_and_a_worker():
@@ -331,9 +336,9 @@ def wait_gone(pids, timeout: float = 20.0) -> bool:
     return False
 
 
-def start_fake(tmp_path, mode: str) -> tuple[sc.RayNode, int]:
+def start_fake(tmp_path, mode: str) -> tuple[ray_node.RayNode, int]:
     out = tmp_path / "child.pid"
-    node = sc.RayNode([sys.executable, "-c", FAKE_RAY, str(out), mode], interval=0.1)
+    node = ray_node.RayNode([sys.executable, "-c", FAKE_RAY, str(out), mode], interval=0.1)
     node.start()
     deadline = time.time() + 20
     while not out.exists() and time.time() < deadline:
@@ -367,7 +372,7 @@ def test_stop_ends_what_a_node_that_died_by_itself_left(tmp_path):
 TASK = textwrap.dedent(
     """
     import sys, time
-    from ebrl.runtime.slurm_cluster import RayNode
+    from ebrl.runtime.ray_node import RayNode
     node = RayNode([sys.executable, "-c", "import time; time.sleep(300)"])
     node.start()
     print(node.pid, flush=True)
@@ -424,7 +429,7 @@ class Head:
 
     def __call__(self, host, port):
         self.probes += 1
-        assert (host, port) == ("10.0.0.1", sc.head_port(123456))
+        assert (host, port) == ("10.0.0.1", slurm_plan.head_port(123456))
         return self.probes > self.up and (self.down is None or self.probes <= self.down)
 
 
@@ -446,7 +451,7 @@ def test_a_worker_waits_for_the_head_joins_and_leaves_when_the_head_is_gone():
     rep = serve(Head(up=5, down=30))
     (node,) = FakeNode.made
     assert node.started and node.stopped
-    assert f"--address=10.0.0.1:{sc.head_port(123456)}" in node.command
+    assert f"--address=10.0.0.1:{slurm_plan.head_port(123456)}" in node.command
     assert node.env["RAY_AUTH_MODE"] == "token"
     assert rep.left == "the head's cluster ended" and rep.signum is None
     assert rep.task == 1 and rep.node == "gpu02" and rep.joined_s is not None
@@ -567,7 +572,9 @@ def test_the_head_writes_the_jobs_token_before_ray_starts_and_removes_it_after(t
             seen["at start"] = (Path(path).read_text(), os.stat(path).st_mode & 0o777)
             super().start()
 
-    p = sc.plan_node(task(0, "gpu01"), resolve=HOSTS.__getitem__, env={}, shared_dir=str(tmp_path))
+    p = slurm_plan.plan_node(
+        task(0, "gpu01"), resolve=HOSTS.__getitem__, env={}, shared_dir=str(tmp_path)
+    )
     token = tmp_path / "123456_ray_auth_token"
     assert p.token_path == str(token) and p.environment({})["RAY_AUTH_TOKEN_PATH"] == str(token)
     environ: dict[str, str] = {}
@@ -602,7 +609,7 @@ def test_the_head_writes_the_jobs_token_before_ray_starts_and_removes_it_after(t
     ],
 )
 def test_a_token_or_mode_the_user_gives_is_left_to_ray(tmp_path, given):
-    p = sc.plan_node(
+    p = slurm_plan.plan_node(
         task(0, "gpu01"), resolve=HOSTS.__getitem__, env=given, shared_dir=str(tmp_path)
     )
     assert p.token_path is None
@@ -637,7 +644,9 @@ def test_without_a_shared_folder_the_head_makes_rays_own_token_file_if_missing(t
 
 
 def test_a_worker_joins_with_the_jobs_token_and_refuses_when_it_cannot_read_it(tmp_path):
-    p = sc.plan_node(task(1, "gpu02"), resolve=HOSTS.__getitem__, env={}, shared_dir=str(tmp_path))
+    p = slurm_plan.plan_node(
+        task(1, "gpu02"), resolve=HOSTS.__getitem__, env={}, shared_dir=str(tmp_path)
+    )
     opts = {
         "node_factory": FakeNode,
         "reachable": Head(down=30),
@@ -655,7 +664,7 @@ def test_a_worker_joins_with_the_jobs_token_and_refuses_when_it_cannot_read_it(t
     ):
         sc.serve_worker(p, **opts)
     assert not FakeNode.made
-    sc.write_token(str(tmp_path / "123456_ray_auth_token"))
+    slurm_plan.write_token(str(tmp_path / "123456_ray_auth_token"))
     sc.serve_worker(p, **opts)
     (node,) = FakeNode.made
     assert node.env["RAY_AUTH_TOKEN_PATH"] == str(tmp_path / "123456_ray_auth_token")
@@ -718,13 +727,15 @@ def launcher(monkeypatch):
         return sc.WorkerReport(task=p.task.procid, node=p.task.node, head=p.head_address,
                                left="the head's cluster ended")  # fmt: skip
 
-    real_plan = sc.plan_node
+    real_plan = slurm_plan.plan_node
     # the class it derives from (Hydra's plugin scan may have loaded that module twice)
     monkeypatch.setattr(sl.SlurmLauncher.__bases__[0], "__call__", job)
     monkeypatch.setattr(sc, "head_cluster", head_cluster)
     monkeypatch.setattr(sc, "serve_worker", serve_worker)
     monkeypatch.setattr(
-        sc, "plan_node", lambda t, **kw: real_plan(t, resolve=HOSTS.__getitem__, env={}, **kw)
+        slurm_plan,
+        "plan_node",
+        lambda t, **kw: real_plan(t, resolve=HOSTS.__getitem__, env={}, **kw),
     )
     for k in [k for k in os.environ if k.startswith("SLURM")]:
         monkeypatch.delenv(k)
@@ -846,10 +857,10 @@ def test_nodes_command_usage():
 TASK_OF_TWO = textwrap.dedent(
     """
     import dataclasses, json, os, stat, sys
-    from ebrl.runtime import slurm_cluster as sc
+    from ebrl.runtime import slurm_cluster as sc, slurm_env, slurm_plan
 
-    t = sc.slurm_task(os.environ)
-    plan = sc.plan_node(t, shared_dir=sys.argv[1])  # the launcher's: Submitit's job folder
+    t = slurm_env.slurm_task(os.environ)
+    plan = slurm_plan.plan_node(t, shared_dir=sys.argv[1])  # the launcher's: Submitit's job folder
     if not t.head:
         rep = sc.serve_worker(plan, join_timeout_s=float(sys.argv[2]), leave_after_s=3.0)
         print("REPORT", json.dumps(dataclasses.asdict(rep)), flush=True)

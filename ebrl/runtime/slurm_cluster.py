@@ -5,38 +5,21 @@ every task. ebrl's Slurm launcher (``hydra_plugins/ebrl_launcher/slurm_launcher.
 module in each of them when the job's scheduler runs its workers on Ray (:func:`wants_cluster`):
 
 * **task 0** (``SLURM_PROCID=0``) starts the Ray head on its node (``ray start --head --block``:
-  the GCS on a port derived from the job id, :func:`head_port`; the node's CPUs and GPUs),
-  waits until every task's node has joined, then trains with ``scheduler.ray_address=auto`` and
-  ``RAY_ADDRESS`` naming the head; when training ends (finished, failed or stopped) it stops
-  the head (:func:`head_cluster`);
+  the GCS on a port derived from the job id, :func:`~ebrl.runtime.slurm_plan.head_port`; the
+  node's CPUs and GPUs), waits until every task's node has joined, then trains with
+  ``scheduler.ray_address=auto`` and ``RAY_ADDRESS`` naming the head; when training ends
+  (finished, failed or stopped) it stops the head (:func:`head_cluster`);
 * **every other task** starts a Ray worker node that joins the head (``ray start
   --address=<head>:<port> --block``) and leaves when the head is gone: it stops its node and
   ends, without training (:func:`serve_worker`).
 
-What each task does is a pure function of its Slurm environment and its host's network
-(:func:`slurm_task`, :func:`plan_node`, :meth:`NodePlan.command`, :meth:`NodePlan.environment`);
-:class:`RayNode`, :func:`head_cluster` and :func:`serve_worker` run it.
-
-* **Addresses.** A node's address is one its peers reach: its host name's address unless that
-  is loopback (Debian and Ubuntu map the host's own name to 127.0.1.1 in ``/etc/hosts``, which
-  Ray does not replace), else the address this host routes to the job's other nodes from, else
-  its first address that is not loopback; ``EBRL_RAY_INTERFACE=<name>`` (in
-  ``launcher.setup``) picks an interface instead (:func:`node_address`).
-* **CPUs.** A Ray node gets the CPUs its task may run on (``os.sched_getaffinity``), at most
-  the ``SLURM_CPUS_PER_TASK`` Slurm granted: on Slurm 22.05-23.02 an ``srun`` without
-  ``--cpus-per-task`` may bind a task to fewer (one, where a node runs several tasks) while the
-  variable still says what the job asked for.
-* **Token.** Ray's token authentication is on (``RAY_AUTH_MODE=token``), and ``ray start``
-  makes no token: task 0 writes a fresh one into the job's shared folder (Submitit's, which
-  every task reads its job from) before it starts the head, and every node and the driver read
-  it through ``RAY_AUTH_TOKEN_PATH`` (:meth:`NodePlan.environment`).
-
-No orphans: every ``ray start --block`` is its task's child and gets SIGTERM when the task
-dies, however it dies (the kernel's parent-death signal); ``ray start``'s own SIGTERM handler
-then ends its node's processes, and :meth:`RayNode.stop` ends any left by PID. The task also
-keeps the orphan watchdog (:mod:`ebrl.runtime.watchdog`) over everything below it. SIGUSR2
-(Submitit's time-limit warning, which Slurm sends to every process of the job) is ignored by the
-Ray nodes: it asks the driver to checkpoint, not the cluster to fall away under it.
+What each task does is a pure function of its Slurm environment and its host's network, in two
+modules: :mod:`ebrl.runtime.slurm_env` reads the task (:func:`~ebrl.runtime.slurm_env.slurm_task`:
+its rank, nodes, CPUs, GPUs), :mod:`ebrl.runtime.slurm_plan` makes its Ray node's plan
+(:func:`~ebrl.runtime.slurm_plan.plan_node`: addresses, port, ``ray start`` command line and
+environment, the job's token). :mod:`ebrl.runtime.ray_node` runs that node as the task's child,
+which never outlives it; this module runs the task's part: :func:`head_cluster` in task 0,
+:func:`serve_worker` in the others.
 
 Run as ``python -m ebrl.runtime.slurm_cluster nodes <address> <count> <timeout_s>``, it
 connects to a cluster, waits until ``count`` nodes are alive and prints them as JSON (the head
@@ -46,435 +29,42 @@ task's start-up check, kept out of the driver's process).
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import ipaddress
 import json
 import os
-import secrets
 import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, MutableMapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from types import FrameType
 from typing import Any
 
-#: GCS port of a job's head: ``PORT_BASE + job id mod PORT_SPAN`` (the Ray client server takes
-#: the next port). Above Ray's default worker ports (10002-19999) and below Linux's ephemeral
-#: range (from 32768), where outgoing connections and Ray's randomly chosen ports land.
-PORT_BASE = 20000
-PORT_SPAN = 12000
+from ebrl.runtime.ray_node import RayNode
+from ebrl.runtime.slurm_env import ClusterError, describe_cpus, say
+from ebrl.runtime.slurm_plan import (
+    AUTH_MODE_VAR,
+    AUTH_TOKEN_PATH_VAR,
+    AUTH_TOKEN_VAR,
+    RESOURCE_PREFIX,
+    NodePlan,
+    ensure_token,
+    wait_for_token,
+)
+
 #: how long the head waits for every node to join, and a worker for the head to answer
 JOIN_TIMEOUT_S = 300.0
 #: a worker leaves once the head's GCS port has refused connections for this long
 LEAVE_AFTER_S = 10.0
-#: how long ``ray start`` has to end its node's processes after SIGTERM before SIGKILL
-STOP_TIMEOUT_S = 30.0
-#: the custom Ray resource each node gets, naming the Slurm task that started it
-#: (``slurm_task_1: 1``): placement can pin a role to a task's node with it
-RESOURCE_PREFIX = "slurm_task_"
 #: the override the head task adds to its job: the driver joins the cluster RAY_ADDRESS names
 ADDRESS_OVERRIDE = "scheduler.ray_address=auto"
 #: ``scheduler.ray_address`` values that let the job choose the cluster ("local": the default,
 #: "auto": asked for); any other address is a cluster the user runs, left alone
 _JOB_ADDRESSES = ("local", "auto")
-_PR_SET_PDEATHSIG = 1
-#: names the network interface whose address a node gives Ray (set in ``launcher.setup``)
-INTERFACE_VAR = "EBRL_RAY_INTERFACE"
-#: Ray's variables for its token: the mode, the token itself, the file that holds it
-AUTH_MODE_VAR, AUTH_TOKEN_VAR, AUTH_TOKEN_PATH_VAR = (
-    "RAY_AUTH_MODE",
-    "RAY_AUTH_TOKEN",
-    "RAY_AUTH_TOKEN_PATH",
-)
 
 
-class ClusterError(RuntimeError):
-    """The job's Ray cluster could not be started or joined."""
-
-
-def say(message: str) -> None:
-    """One line in the task's log (Submitit's ``<job>_<task>_log.out``): before Hydra sets up
-    logging, and in worker tasks that never run Hydra's job, print is what reaches the file."""
-    print(f"ebrl slurm_cluster: {message}", flush=True)
-
-
-# --- the Slurm environment (pure) -------------------------------------------------------------
-@dataclass(frozen=True)
-class SlurmTask:
-    """What Slurm tells one task of a multi-task job, parsed from its environment.
-
-    Attributes:
-        job_id: ``SLURM_JOB_ID`` (unique per array element; unchanged by a requeue).
-        procid: ``SLURM_PROCID``, the task's rank; 0 starts the head.
-        ntasks: ``SLURM_NTASKS``, the Ray nodes the cluster will have.
-        node: ``SLURMD_NODENAME``, the node this task runs on.
-        hosts: the step's nodes in order (``scontrol show hostnames``); task 0 runs on the
-            first (Slurm's default block distribution).
-        cpus: CPUs for this task's Ray node: those it may run on (its CPU affinity), at most
-            ``slurm_cpus``.
-        gpus: GPUs for this task's Ray node (the entries of ``CUDA_VISIBLE_DEVICES``).
-        tmp: the node's temporary folder (``TMPDIR``, else /tmp), for Ray's session files.
-        slurm_cpus: the CPUs Slurm says the task has (``SLURM_CPUS_PER_TASK``, else
-            ``SLURM_CPUS_ON_NODE``; 0: not given).
-    """
-
-    job_id: int
-    procid: int
-    ntasks: int
-    node: str
-    hosts: tuple[str, ...]
-    cpus: int
-    gpus: int
-    tmp: str = "/tmp"
-    slurm_cpus: int = 0
-
-    @property
-    def head(self) -> bool:
-        return self.procid == 0
-
-
-def gpu_count(cuda_visible_devices: str | None) -> int:
-    """GPUs a ``CUDA_VISIBLE_DEVICES`` value names (unset, empty or Slurm's ``NoDevFiles``: 0)."""
-    if not cuda_visible_devices or cuda_visible_devices.strip() == "NoDevFiles":
-        return 0
-    return len([d for d in cuda_visible_devices.split(",") if d.strip()])
-
-
-def scontrol_hostnames(nodelist: str) -> list[str]:
-    """A Slurm node list (``gpu[01-02],cpu07``) expanded by ``scontrol show hostnames``; a plain
-    comma-separated list needs no scontrol."""
-    if not any(c in nodelist for c in "[]"):
-        return [h for h in nodelist.split(",") if h]
-    try:
-        out = subprocess.run(
-            ["scontrol", "show", "hostnames", nodelist],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=True,
-        )
-    except (OSError, subprocess.SubprocessError) as e:
-        raise ClusterError(f"cannot expand the node list {nodelist!r} with scontrol: {e}") from e
-    return out.stdout.split()
-
-
-def affinity_cpus() -> int | None:
-    """How many CPUs this process may run on (None where the system does not say)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return None
-
-
-def slurm_task(
-    env: Mapping[str, str],
-    hostnames: Callable[[str], list[str]] = scontrol_hostnames,
-    usable_cpus: Callable[[], int | None] = affinity_cpus,
-) -> SlurmTask | None:
-    """This task of a multi-task Slurm job (None outside Slurm, or in a job of one task).
-
-    Args:
-        env: the task's environment (``os.environ``).
-        hostnames: expands a Slurm node list (default: :func:`scontrol_hostnames`).
-        usable_cpus: how many CPUs the task may run on (default: its CPU affinity).
-
-    Raises:
-        ClusterError: a multi-task job whose environment lacks what a cluster needs.
-    """
-    ntasks = env.get("SLURM_NTASKS") or env.get("SLURM_NPROCS")
-    if not ntasks or int(ntasks) <= 1:
-        return None
-    nodelist = (
-        env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")
-    )
-    cpus = env.get("SLURM_CPUS_PER_TASK") or env.get("SLURM_CPUS_ON_NODE")
-    need = {
-        "SLURM_PROCID": env.get("SLURM_PROCID"),
-        "SLURM_JOB_ID": env.get("SLURM_JOB_ID"),
-        "SLURMD_NODENAME": env.get("SLURMD_NODENAME"),
-        "SLURM_JOB_NODELIST": nodelist,
-        "SLURM_CPUS_ON_NODE": cpus,
-    }
-    missing = [k for k, v in need.items() if not v]
-    if missing:
-        raise ClusterError(
-            f"a job of {ntasks} Slurm tasks, but its environment has no {', '.join(missing)}: "
-            "cannot start a Ray cluster over its nodes (run it through sbatch/srun)"
-        )
-    hosts = tuple(hostnames(str(nodelist)))
-    if not hosts:
-        raise ClusterError(f"the node list {nodelist!r} names no node")
-    granted = int(str(cpus))
-    usable = usable_cpus()
-    return SlurmTask(
-        job_id=int(str(need["SLURM_JOB_ID"])),
-        procid=int(str(need["SLURM_PROCID"])),
-        ntasks=int(ntasks),
-        node=str(need["SLURMD_NODENAME"]),
-        hosts=hosts,
-        # a task bound to fewer CPUs than Slurm says would run Ray's workers on those alone
-        cpus=min(granted, usable) if usable else granted,
-        gpus=gpu_count(env.get("CUDA_VISIBLE_DEVICES")),
-        tmp=env.get("TMPDIR") or "/tmp",
-        slurm_cpus=granted,
-    )
-
-
-def describe_cpus(task: SlurmTask) -> str:
-    """``96 CPUs``, or ``1 CPUs (bound to 1 of the 96 Slurm granted)`` for a log line."""
-    if task.slurm_cpus and task.cpus < task.slurm_cpus:
-        return (
-            f"{task.cpus} CPUs (the task is bound to {task.cpus} of the {task.slurm_cpus} "
-            "Slurm granted: see srun's --cpus-per-task)"
-        )
-    return f"{task.cpus} CPUs"
-
-
-def head_port(job_id: int) -> int:
-    """The GCS port of job ``job_id``'s head: the same in every task and every attempt of the
-    job, without any task having to tell the others."""
-    return PORT_BASE + job_id % PORT_SPAN
-
-
-@dataclass(frozen=True)
-class NodePlan:
-    """The Ray node one task starts.
-
-    Attributes:
-        task: the task.
-        head_address: ``<ip>:<port>`` of the head's GCS.
-        node_ip: this node's address (``--node-ip-address``).
-        temp_dir: Ray's session folder on the node, one per job: a job's processes never share
-            ``session_latest`` or ``ray_current_cluster`` with another Ray instance there.
-        resources: the node's custom Ray resources (``slurm_task_<procid>: 1``).
-        token_path: the job's token file in its shared folder: task 0 writes it before it
-            starts the head, every node and the driver read it (``RAY_AUTH_TOKEN_PATH``); None
-            where the token is not the job's to make (:func:`token_path`).
-    """
-
-    task: SlurmTask
-    head_address: str
-    node_ip: str
-    temp_dir: str
-    resources: Mapping[str, float] = field(default_factory=dict)
-    token_path: str | None = None
-
-    @property
-    def port(self) -> int:
-        return int(self.head_address.rsplit(":", 1)[1])
-
-    @property
-    def head_host(self) -> str:
-        return self.head_address.rsplit(":", 1)[0]
-
-    def command(self, python: str = sys.executable) -> list[str]:
-        """The ``ray start --block`` command line of this node."""
-        t = self.task
-        cmd = [
-            python,
-            "-m",
-            "ray.scripts.scripts",
-            "start",
-            "--block",
-            f"--node-ip-address={self.node_ip}",
-            f"--num-cpus={t.cpus}",
-            f"--num-gpus={t.gpus}",
-            f"--resources={json.dumps(dict(self.resources), sort_keys=True)}",
-            f"--temp-dir={self.temp_dir}",
-            # Ray's fixed default (52365) would clash between two nodes on one host and with
-            # any other Ray instance there: 0 lets Ray choose a free port
-            "--dashboard-agent-listen-port=0",
-            "--disable-usage-stats",
-        ]
-        if t.head:
-            cmd += [
-                "--head",
-                f"--port={self.port}",
-                f"--ray-client-server-port={self.port + 1}",
-                "--include-dashboard=false",
-            ]
-        else:
-            cmd += [f"--address={self.head_address}"]
-        return cmd
-
-    def environment(self, base: Mapping[str, str]) -> dict[str, str]:
-        """The environment of ``ray start`` (and of the head task's driver), from ``base``.
-
-        * ``RAY_AUTH_MODE``: kept when set; else ``token``. Ray (2.60, seen here) turns token
-          authentication on for a cluster that ``ray start --head`` starts while the mode is
-          unset, but a process that joins with the mode unset sends no token and is refused
-          (``InvalidAuthToken``): every process of the cluster must say the same.
-        * ``RAY_AUTH_TOKEN_PATH``: the job's token file (:attr:`token_path`), when there is
-          one. ``ray start`` never makes a token (only a local ``ray.init()`` writes
-          ``~/.ray/auth_token``): without one the head refuses to start.
-        * ``RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S=0``: on SIGTERM ``ray start`` would otherwise
-          drain its node for up to 30 s (for Ray Serve's proxies) before ending it.
-        """
-        env = dict(base)
-        env.setdefault(AUTH_MODE_VAR, "token")
-        if self.token_path is not None:
-            env[AUTH_TOKEN_PATH_VAR] = self.token_path
-        env["RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S"] = "0"
-        return env
-
-
-# --- the node's address -----------------------------------------------------------------------
-def is_loopback(address: str) -> bool:
-    """Whether ``address`` is a loopback address (127.0.0.0/8, ::1)."""
-    try:
-        return ipaddress.ip_address(address).is_loopback
-    except ValueError:
-        return address == "localhost"
-
-
-def route_source(peer: str) -> str | None:
-    """The address this host sends to ``peer`` from, by the kernel's routing table (a UDP
-    socket's connect sends nothing); None if there is no route."""
-    try:
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-            s.connect((peer, 9))
-            return str(s.getsockname()[0])
-    except OSError:
-        return None
-
-
-def interface_addresses() -> dict[str, list[str]]:
-    """IPv4 addresses of this host's interfaces that are up, by interface name."""
-    import psutil
-
-    up = {name for name, st in psutil.net_if_stats().items() if st.isup}
-    return {
-        name: [a.address for a in addrs if a.family == socket.AF_INET]
-        for name, addrs in psutil.net_if_addrs().items()
-        if name in up
-    }
-
-
-def node_address(
-    task: SlurmTask,
-    resolve: Callable[[str], str] = socket.gethostbyname,
-    route: Callable[[str], str | None] = route_source,
-    interfaces: Callable[[], Mapping[str, Sequence[str]]] = interface_addresses,
-    env: Mapping[str, str] = os.environ,
-) -> str:
-    """The address of this task's Ray node: one the job's other nodes reach.
-
-    In order: the IPv4 address of the interface ``EBRL_RAY_INTERFACE`` names; the node's name
-    resolved, unless it is loopback (Debian's and Ubuntu's ``/etc/hosts`` give 127.0.1.1 for the
-    host's own name, which Ray does not replace); the address this host routes to the job's
-    other nodes from; its first address that is not loopback. Tasks that share one host all
-    get the same answer, and loopback is enough for them when it is all there is.
-
-    Raises:
-        ClusterError: the named interface has no IPv4 address here, or a job over several
-            hosts finds only loopback on this one.
-    """
-    iface = env.get(INTERFACE_VAR)
-    if iface:
-        have = interfaces()
-        addrs = [a for a in have.get(iface, ()) if a]
-        if not addrs:
-            named = ", ".join(sorted(n for n, a in have.items() if a and n != "lo")) or "none"
-            raise ClusterError(
-                f"{INTERFACE_VAR}={iface}: node {task.node} has no interface {iface} with an "
-                f"IPv4 address (interfaces with one: {named}); set {INTERFACE_VAR} in "
-                "launcher.setup to an interface every node of the job has"
-            )
-        return addrs[0]
-    own = resolve(task.node)
-    if not is_loopback(own):
-        return own
-    others = list(dict.fromkeys(h for h in task.hosts if h != task.node))
-    for host in others[:8]:  # the head's host first; a few are enough to find the route
-        try:
-            peer = resolve(host)
-        except OSError:
-            continue
-        if not is_loopback(peer) and (src := route(peer)) and not is_loopback(src):
-            return src
-    for _, addrs in sorted(interfaces().items()):
-        for a in addrs:
-            if a and not is_loopback(a):
-                return a
-    if others:
-        raise ClusterError(
-            f"node {task.node} resolves to {own}, a loopback address, and has no other IPv4 "
-            "address: the job's other nodes could not reach its Ray node; set "
-            f"{INTERFACE_VAR}=<interface> in launcher.setup (e.g. export {INTERFACE_VAR}=eth0)"
-        )
-    return own
-
-
-def token_path(task: SlurmTask, env: Mapping[str, str], shared_dir: str | None) -> str | None:
-    """The job's token file, ``<shared_dir>/<job id>_ray_auth_token``, where the job must make
-    the token: token authentication on (``RAY_AUTH_MODE`` unset or ``token``) and no token
-    given (``RAY_AUTH_TOKEN``, ``RAY_AUTH_TOKEN_PATH``: the user's, left to Ray). None when no
-    shared folder is known: the head then makes Ray's own default file if it is missing
-    (:func:`ensure_token`), which every node reads only on a shared home."""
-    if env.get(AUTH_MODE_VAR, "token").lower() != "token":
-        return None
-    if env.get(AUTH_TOKEN_VAR) or env.get(AUTH_TOKEN_PATH_VAR) or not shared_dir:
-        return None
-    return os.path.join(shared_dir, f"{task.job_id}_ray_auth_token")
-
-
-def plan_node(
-    task: SlurmTask,
-    resolve: Callable[[str], str] = socket.gethostbyname,
-    *,
-    route: Callable[[str], str | None] = route_source,
-    interfaces: Callable[[], Mapping[str, Sequence[str]]] = interface_addresses,
-    env: Mapping[str, str] = os.environ,
-    shared_dir: str | None = None,
-) -> NodePlan:
-    """The Ray node ``task`` starts.
-
-    Args:
-        task: this task (:func:`slurm_task`).
-        resolve: host name -> IP address (default: the system's resolver).
-        route: peer address -> the address this host sends to it from (:func:`route_source`).
-        interfaces: this host's IPv4 addresses by interface (:func:`interface_addresses`).
-        env: the task's environment (``EBRL_RAY_INTERFACE``, Ray's token variables).
-        shared_dir: a folder every task of the job reads (Submitit's job folder), for the
-            job's token (:func:`token_path`).
-
-    Raises:
-        ClusterError: task 0 does not run on the step's first node (every task computes the
-            head's address from that node's name), or no address the job's nodes reach
-            (:func:`node_address`).
-    """
-    head_host = task.hosts[0]
-    if task.head and task.node != head_host:
-        raise ClusterError(
-            f"task 0 runs on {task.node}, but the job's first node is {head_host}: the other "
-            "tasks would look for the Ray head there (Slurm's default block distribution puts "
-            "task 0 on the first node; do not set --distribution)"
-        )
-    node_ip = node_address(task, resolve, route, interfaces, env)
-    if task.node == head_host:  # the head's host: the same choice as the head's own
-        head_ip = node_ip
-    else:
-        head_ip = resolve(head_host)
-        if is_loopback(head_ip):
-            raise ClusterError(
-                f"the head's node {head_host} resolves to {head_ip} on {task.node}, a loopback "
-                f"address: this node cannot reach the Ray head; fix the name's entry in "
-                f"{task.node}'s /etc/hosts or DNS"
-            )
-    return NodePlan(
-        task=task,
-        head_address=f"{head_ip}:{head_port(task.job_id)}",
-        node_ip=node_ip,
-        temp_dir=f"{task.tmp.rstrip('/')}/ray-ebrl-{task.job_id}",
-        resources={f"{RESOURCE_PREFIX}{task.procid}": 1.0},
-        token_path=token_path(task, env, shared_dir),
-    )
-
-
+# --- which jobs get a cluster -----------------------------------------------------------------
 def wants_cluster(scheduler: Mapping[str, Any] | None) -> bool:
     """Whether a job's scheduler runs its workers on Ray and lets the job choose the cluster:
     ``backend: ray`` and ``ray_address`` ``local`` (the default) or ``auto``. A scheduler without
@@ -509,177 +99,7 @@ def describe_job(nodes: int, tasks_per_node: int, scheduler: Mapping[str, Any] |
     )
 
 
-# --- the token -------------------------------------------------------------------------------
-def write_token(path: str) -> bool:
-    """Make the token file ``path`` (a fresh random token, readable by its owner alone) unless
-    it is there; returns whether it was made. Written whole, then renamed into place: a node
-    that reads it sees all of it or nothing."""
-    if os.path.isfile(path) and os.path.getsize(path) > 0:
-        return False
-    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    tmp = f"{path}.{os.getpid()}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        # what `ray get-auth-token --generate` writes: 256 random bits, hex
-        os.write(fd, secrets.token_hex(32).encode())
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
-    return True
-
-
-def ensure_token(plan: NodePlan, env: Mapping[str, str]) -> str | None:
-    """Task 0, before ``ray start --head``: the token file the cluster will use, made if
-    missing; returns its path if this call made it (None: it was there, or the token is not a
-    file's). The job's own file (:attr:`NodePlan.token_path`) when it has one, else the file Ray
-    reads by default (``RAY_AUTH_TOKEN_PATH``, ``~/.ray/auth_token``), as a local
-    ``ray.init()`` would make it; none under ``RAY_AUTH_TOKEN`` or another mode."""
-    if env.get(AUTH_MODE_VAR, "token").lower() != "token" or env.get(AUTH_TOKEN_VAR):
-        return None
-    path = plan.token_path or env.get(AUTH_TOKEN_PATH_VAR)
-    if not path:
-        home = env.get("HOME") or os.path.expanduser("~")
-        path = os.path.join(home, ".ray", "auth_token")
-    return path if write_token(path) else None
-
-
-def wait_for_token(path: str, timeout_s: float, poll_s: float = 0.5) -> bool:
-    """Whether the token file ``path`` is readable and not empty within ``timeout_s`` (a
-    network file system may show a new file on another node a little later)."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        with contextlib.suppress(OSError):
-            if os.path.getsize(path) > 0:
-                return True
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(poll_s)
-
-
-# --- running a Ray node -----------------------------------------------------------------------
-def _prctl() -> Callable[..., int] | None:
-    """libc's prctl, looked up before any fork (None off Linux)."""
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        return ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
-
-
-def _descendants(pid: int, names: dict[int, str] | None = None) -> dict[int, float]:
-    """``pid: start time`` of every process below ``pid`` (empty if it is gone); their names
-    go into ``names``."""
-    import psutil
-
-    out: dict[int, float] = {}
-    with contextlib.suppress(psutil.Error):
-        for c in psutil.Process(pid).children(recursive=True):
-            with contextlib.suppress(psutil.Error):
-                out[c.pid] = c.create_time()
-                if names is not None:
-                    names[c.pid] = c.name()
-    return out
-
-
-class RayNode:
-    """One ``ray start --block`` process, a child of this task.
-
-    While it runs, the processes below it are recorded every ``interval`` s (by pid and start
-    time), so that :meth:`stop` can end those it left even after ``ray start`` itself is gone
-    (its children are then no longer its descendants).
-
-    Args:
-        command: the command line (:meth:`NodePlan.command`).
-        env: its environment (:meth:`NodePlan.environment`; None: this process's).
-        interval: seconds between two records of its processes.
-    """
-
-    def __init__(
-        self, command: Sequence[str], env: Mapping[str, str] | None = None, interval: float = 1.0
-    ) -> None:
-        self.command = list(command)
-        self.env = dict(env) if env is not None else None
-        self.interval = interval
-        self.proc: subprocess.Popen | None = None
-        self.known: dict[int, float] = {}
-        self.names: dict[int, str] = {}
-        self._lock = threading.Lock()
-        self._done = threading.Event()
-        self._recorder: threading.Thread | None = None
-
-    def _record(self) -> None:
-        if self.proc is None:
-            return
-        names: dict[int, str] = {}
-        found = _descendants(self.proc.pid, names)
-        with self._lock:
-            self.known.update(found)
-            self.names.update(names)
-
-    def _keep_recording(self) -> None:
-        while not self._done.wait(self.interval) and self.alive():
-            self._record()
-
-    def start(self) -> None:
-        prctl, parent = _prctl(), os.getpid()
-
-        def in_child() -> None:
-            # SIGTERM when this task dies, however it dies: ray start's handler then ends
-            # its node's processes (which Ray fate-shares with ray start itself)
-            if prctl is not None:
-                prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
-            if os.getppid() != parent:  # the task died before the line above took effect
-                os._exit(1)
-            # Submitit's time-limit warning is the driver's business; an ignored signal stays
-            # ignored across exec, down to the raylet and the actors it starts
-            signal.signal(signal.SIGUSR2, signal.SIG_IGN)
-
-        self.proc = subprocess.Popen(
-            self.command, env=self.env, stdin=subprocess.DEVNULL, preexec_fn=in_child
-        )
-        self._recorder = threading.Thread(
-            target=self._keep_recording, name="ray-node-recorder", daemon=True
-        )
-        self._recorder.start()
-
-    @property
-    def pid(self) -> int | None:
-        return self.proc.pid if self.proc is not None else None
-
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    def exit_code(self) -> int | None:
-        return self.proc.poll() if self.proc is not None else None
-
-    def stop(self, timeout: float = STOP_TIMEOUT_S) -> int | None:
-        """SIGTERM ``ray start`` (it ends its node's processes, then itself), SIGKILL it after
-        ``timeout`` s, then end by PID whatever it left; returns its exit code."""
-        from ebrl.runtime.watchdog import end_processes
-
-        p = self.proc
-        if p is None:
-            return None
-        self._done.set()
-        if self._recorder is not None:
-            self._recorder.join()
-        self._record()
-        if p.poll() is None:
-            p.send_signal(signal.SIGTERM)
-            try:
-                p.wait(timeout)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
-        left = end_processes(self.known, grace=3.0)
-        if left:
-            what = ", ".join(f"{self.names.get(q, '?')} {q}" for q in sorted(left))
-            say(f"ended {len(left)} process(es) the Ray node left behind: {what}")
-        return p.returncode
-
-
+# --- the head task ----------------------------------------------------------------------------
 def port_open(host: str, port: int, timeout: float = 2.0) -> bool:
     """Whether ``host:port`` accepts a TCP connection."""
     try:
@@ -689,7 +109,6 @@ def port_open(host: str, port: int, timeout: float = 2.0) -> bool:
         return False
 
 
-# --- the head task ----------------------------------------------------------------------------
 def wait_for_nodes(
     address: str,
     count: int,
@@ -781,10 +200,10 @@ def head_cluster(
     """Task 0: start the head, wait for every task's node, point this process's Ray at it;
     stop the head when the block ends, however it ends.
 
-    Before the head starts, its token exists (:func:`ensure_token`): ``ray start --head``
-    makes none and refuses to start without one. Inside the block ``RAY_ADDRESS`` (and
-    ``RAY_AUTH_MODE``, ``RAY_AUTH_TOKEN_PATH``) name the cluster, so a driver with
-    ``ray_address=auto`` joins it. A stop signal while the cluster starts raises
+    Before the head starts, its token exists (:func:`~ebrl.runtime.slurm_plan.ensure_token`):
+    ``ray start --head`` makes none and refuses to start without one. Inside the block
+    ``RAY_ADDRESS`` (and ``RAY_AUTH_MODE``, ``RAY_AUTH_TOKEN_PATH``) name the cluster, so a
+    driver with ``ray_address=auto`` joins it. A stop signal while the cluster starts raises
     :class:`ebrl.signals.Preempted` (after the head is stopped), as it would during training.
     The job's token file is removed when the head has stopped (a file an earlier attempt
     left, killed before it could remove it, is used as it is).

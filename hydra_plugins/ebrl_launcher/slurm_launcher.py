@@ -40,7 +40,7 @@ from hydra.core.utils import JobReturn, JobStatus, setup_globals
 from hydra_plugins.hydra_submitit_launcher import submitit_launcher
 
 from ebrl.launch import quiet_submitit_repeats
-from ebrl.runtime import slurm_cluster
+from ebrl.runtime import slurm_cluster, slurm_env, slurm_plan
 from ebrl.signals import Preempted
 
 quiet_submitit_repeats()  # the launcher's log: Submitit's sacct warning once, not every poll
@@ -68,10 +68,10 @@ class SlurmLauncher(submitit_launcher.SlurmLauncher):
         singleton_state: dict[type, Singleton],
     ) -> JobReturn:
         args = (job_dir_key, job_num, job_id, singleton_state)
-        task = slurm_cluster.slurm_task(os.environ)
+        task = slurm_env.slurm_task(os.environ)
         if task is not None and not self.wants_cluster(sweep_overrides, singleton_state):
             if not task.head:  # the scheduler runs in task 0's process: nothing to do here
-                slurm_cluster.say(
+                slurm_env.say(
                     f"task {task.procid}: the job's scheduler does not run on a Ray cluster of "
                     "the job's nodes; task 0 trains alone"
                 )
@@ -79,7 +79,7 @@ class SlurmLauncher(submitit_launcher.SlurmLauncher):
             task = None
         if task is None:
             return raise_failed(super().__call__(sweep_overrides, *args))
-        plan = slurm_cluster.plan_node(task, shared_dir=submitit_folder())
+        plan = slurm_plan.plan_node(task, shared_dir=submitit_folder())
         if not task.head:
             report = slurm_cluster.serve_worker(plan)
             if report.signum is not None:  # end as a signalled task does, like task 0

@@ -8,7 +8,7 @@ test-slurm``'s Slurm does) a step of several tasks on a node then binds each to 
 all of the job's CPUs on this machine's Slurm 22.05.8, with or without the flag; with 2 cores
 the one-CPU binding of several tasks cannot be shown here.) ebrl's launcher puts
 ``--cpus-per-task`` on the srun line (Submitit's ``srun_args``), and a Ray node is told the CPUs
-its task may run on (``ebrl.runtime.slurm_cluster.slurm_task``).
+its task may run on (``ebrl.runtime.slurm_env.slurm_task``).
 
 The jobs go through Submitit with the parameters ebrl's launcher gets from the shipped
 ``launcher=slurm`` config, converted as hydra-submitit-launcher converts them. Needs a Slurm that
@@ -37,11 +37,11 @@ CPUS = 2
 def job_cpus() -> dict[str, Any]:
     """Run in the Slurm job: the CPUs the task may run on, what Slurm says it has, and the
     CPUs slurm_cluster would give the Ray node of such a task (as task 0 of two)."""
-    from ebrl.runtime import slurm_cluster as sc
+    from ebrl.runtime import slurm_env
 
     env = dict(os.environ)
     as_task_0_of_2 = env | {"SLURM_NTASKS": "2", "SLURM_JOB_NODELIST": env["SLURMD_NODENAME"]}
-    t = sc.slurm_task(as_task_0_of_2)
+    t = slurm_env.slurm_task(as_task_0_of_2)
     return {
         "affinity": sorted(os.sched_getaffinity(0)),
         "SLURM_CPUS_PER_TASK": env.get("SLURM_CPUS_PER_TASK"),
