@@ -2,8 +2,8 @@
 
 The learner publishes new weights after every update. Today it sends each replica the pickled
 state dict through the run's channels (:mod:`ebrl.runtime.channel`); with the weight board
-(:mod:`ebrl.runtime.weights`) it copies them once into shared memory and sends each replica only
-the version, and each replica copies them into its own policy. Both paths are timed per update
+(:mod:`ebrl.runtime.weight_board`) it copies them once into shared memory and sends each replica
+only the version, and each replica copies them into its own policy. Both paths are timed per update
 on the project's policies (MLP 3x256, transformer S/M/L) with the embedded default's shapes
 (PushCube: 35-dim observations, 8-dim actions, chunks of 4), for R = 1, 2, 4 replicas, each a
 separate (spawned) process with one torch thread, as a generator replica is:
@@ -34,7 +34,7 @@ import torch
 
 from ebrl.policies import MLPPolicy, Policy, PolicySpec, TransformerPolicy
 from ebrl.runtime.channel import Address, Inbox, Outbox, new_authkey
-from ebrl.runtime.weights import BoardReader, WeightBoard
+from ebrl.runtime.weight_board import BoardReader, WeightBoard
 
 SPEC = PolicySpec(obs_dim=35, action_dim=8, chunk_size=4)
 POLICIES: dict[str, Callable[[], Policy]] = {

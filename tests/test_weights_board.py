@@ -14,7 +14,8 @@ import torch
 
 from ebrl.policies import MLPPolicy, PolicySpec, TransformerPolicy
 from ebrl.runtime.watchdog import SHM_DIR, shm_prefix
-from ebrl.runtime.weights import BoardReader, BoardSpec, WeightBoard, open_board
+from ebrl.runtime.weight_board import BoardReader, BoardSpec, WeightBoard
+from ebrl.runtime.weight_cast import open_board
 
 SPEC = PolicySpec(7, 3, 4)
 

@@ -1,5 +1,5 @@
 """The weights across nodes: the leader's board broadcast to one receiver per node, which writes
-its node's board for the node's replicas (``ebrl.runtime.weights``: ``Caster``, ``Receiver``,
+its node's board for the node's replicas (``ebrl.runtime.weight_cast``: ``Caster``, ``Receiver``,
 ``open_board`` of a ``NodeBoard``).
 
 Here the leader and two nodes' receivers are threads of this process, each with its own gloo
@@ -16,10 +16,12 @@ import threading
 import pytest
 import torch
 
-from ebrl.runtime import weights as wmod
+from ebrl.runtime import weight_cast
 from ebrl.runtime.dist import free_port
 from ebrl.runtime.watchdog import SHM_DIR
-from ebrl.runtime.weights import CastSpec, NodeBoard, WeightBoard, buckets, open_board
+from ebrl.runtime.weight_board import BoardSpec, WeightBoard
+from ebrl.runtime.weight_cast import CastSpec, NodeBoard, buckets, open_board
+from ebrl.runtime.weight_layout import ALIGN
 
 
 def _state(seed: int) -> dict[str, torch.Tensor]:
@@ -50,7 +52,7 @@ def _same(a: dict, b: dict) -> None:
 def cast_world(monkeypatch):
     """The leader's board (casting to 2 receivers) and 3 readers: node 1's receiver, another
     replica of node 1, node 2's receiver. Buckets of at most 256 bytes: several per update."""
-    monkeypatch.setattr(wmod, "CAST_BUCKET", 256)
+    monkeypatch.setattr(weight_cast, "CAST_BUCKET", 256)
     board = WeightBoard.create(_state(0), os.getpid(), CHANGING)
     cast = CastSpec(("127.0.0.1", free_port()), receivers=2, timeout_s=30)
     joined: list[BaseException] = []
@@ -139,15 +141,14 @@ def test_buckets_cover_every_byte_once_aligned():
         keys = [e[0] for b in bs for e, _ in b]
         assert keys == [e[0] for e in entries if e[0] != "empty"]  # an empty tensor: no bytes
         for b in bs:
-            assert all(off % wmod.ALIGN == 0 for _, off in b)
-            assert wmod.bucket_bytes(b) <= 256 or len(b) == 1  # a larger tensor goes alone
+            assert all(off % ALIGN == 0 for _, off in b)
+            assert weight_cast.bucket_bytes(b) <= 256 or len(b) == 1  # a larger tensor goes alone
     finally:
         board.close()
 
 
 # --- the wiring: who reads which board ------------------------------------------------------
 def test_replicas_on_other_nodes_read_their_nodes_board_filled_by_the_first_of_them():
-    from ebrl.runtime.weights import BoardSpec
     from ebrl.schedulers.ebrl.wiring import DRIVER, Roles, weight_routes, wire
 
     roles = Roles([[0], [1], [2], [3], [4]], replicas=5, ranks=2)
@@ -176,7 +177,6 @@ def test_replicas_on_other_nodes_read_their_nodes_board_filled_by_the_first_of_t
 
 
 def test_without_nodes_or_a_board_the_wiring_is_as_before():
-    from ebrl.runtime.weights import BoardSpec
     from ebrl.schedulers.ebrl.wiring import DRIVER, Roles, wire
 
     roles = Roles([[0], [1]], replicas=2)

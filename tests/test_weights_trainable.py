@@ -22,7 +22,8 @@ import torch
 
 from ebrl.algos.ppo import PPO, PPOConfig
 from ebrl.policies import MLPPolicy, PolicySpec
-from ebrl.runtime.weights import WeightBoard, open_board
+from ebrl.runtime.weight_board import WeightBoard
+from ebrl.runtime.weight_cast import open_board
 from ebrl.stages.gen import GenStage
 from ebrl.stages.train import TrainStage
 

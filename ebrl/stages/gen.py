@@ -6,7 +6,7 @@ import numpy as np
 import torch
 
 from ebrl.policies.base import Policy
-from ebrl.runtime.weights import BoardReader
+from ebrl.runtime.weight_board import BoardReader
 from ebrl.types import ActionChunk, Observation
 
 

@@ -29,10 +29,11 @@ its receiving end is a table: each worker's ``handlers`` (``workers.py``) and th
 
 Slots (``ebrl.runtime.slots``) hold one observation and one chunk per env; a worker on another
 machine than the driver carries the rows inline in its messages instead. The weight board
-(``ebrl.runtime.weights``) is written by the leader and read by every replica on the leader's
+(``ebrl.runtime.weight_board``) is written by the leader and read by every replica on the leader's
 node; on the other nodes (where the workers' Ray nodes are known) by the leader's broadcast to one
-receiver per node, which writes that node's board for its replicas; where nodes are not known, a
-replica on another machine gets the weights inline in its :class:`Weights` message.
+receiver per node (``ebrl.runtime.weight_cast``), which writes that node's board for its
+replicas; where nodes are not known, a replica on another machine gets the weights inline in its
+:class:`Weights` message.
 
 Backpressure is the staleness gate, not queue sizes: a replica acts for an env only while the
 segment that decision lands in will be trained by a learner version at most ``k`` ahead of the
@@ -178,7 +179,7 @@ def wire(
     Weights: a replica on the leader's node reads the leader's board. Where the workers' nodes
     are known (``nodes``) and the board can be broadcast (its spec's ``cast_at``), the replicas
     on the other nodes read their node's board, which the first replica of each node (its
-    receiver) fills from the leader's broadcast (``ebrl.runtime.weights``); otherwise a replica
+    receiver) fills from the leader's broadcast (``ebrl.runtime.weight_cast``); otherwise a replica
     on another machine gets the weights inline.
 
     Args:
@@ -189,7 +190,7 @@ def wire(
         nodes: worker name -> its Ray node (:func:`nodes_of`); None: nodes unknown (machines
             are told apart by the inboxes' addresses).
     """
-    from ebrl.runtime.weights import CastSpec, NodeBoard
+    from ebrl.runtime.weight_cast import CastSpec, NodeBoard
 
     driver = inboxes[DRIVER]
     leader = inboxes[learner_name(0)]

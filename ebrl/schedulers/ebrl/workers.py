@@ -34,7 +34,8 @@ from ebrl.runtime.channel import Address, Inbox, Outbox, node_ip
 from ebrl.runtime.dist import destroy, free_port, init_group
 from ebrl.runtime.placement import pin_planned_gpus
 from ebrl.runtime.slots import SlotSpec, open_slots
-from ebrl.runtime.weights import BoardSpec, WeightBoard, cast_address, open_board
+from ebrl.runtime.weight_board import BoardSpec, WeightBoard
+from ebrl.runtime.weight_cast import cast_address, open_board
 from ebrl.schedulers.base import UpdateBudget
 from ebrl.schedulers.ebrl.heartbeat import HeartbeatSender
 from ebrl.schedulers.ebrl.messages import (
