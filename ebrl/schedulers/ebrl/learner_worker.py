@@ -1,6 +1,6 @@
 """The learner's ranks: the leader assembles segments, trains, publishes the weights, reports.
 
-Rank 0 collects the env workers' :class:`Part` s of each segment, checks the staleness bound
+Rank 0 collects each env worker's :class:`Part` of a segment, checks the staleness bound
 (:class:`StalenessError`), hands the segment to the other ranks, trains, publishes the new weights
 to every generator replica (the shared-memory board, or inline) and sends the driver a
 :class:`Report`. It also answers the driver about replaced workers (:class:`Lost`,
