@@ -17,7 +17,7 @@ from ebrl.resources.manager import ResourceSettings, initial_resources
 from ebrl.resources.profiler import rate_table
 from ebrl.resources.split import predict
 from ebrl.resources.topology import Topology, discover_cores
-from ebrl.schedulers.ebrl import workers
+from ebrl.schedulers.ebrl import env_worker, worker
 from ebrl.train import train
 
 from .conftest import TINY, make_cfg
@@ -30,14 +30,14 @@ two_cores = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2
 def applied(monkeypatch):
     """Every Resources message a gen or learner worker applied, with what it reported back."""
     got: list = []
-    orig = workers._Worker.apply_resources
+    orig = worker.Worker.apply_resources
 
     def spy(self, msg):
         done = orig(self, msg)
         got.append((msg, done))
         return done
 
-    monkeypatch.setattr(workers._Worker, "apply_resources", spy)
+    monkeypatch.setattr(worker.Worker, "apply_resources", spy)
     return got
 
 
@@ -53,8 +53,10 @@ def test_static_default_runs_as_before(tiny_cfg, tmp_path, applied, monkeypatch)
     """threads.* as before, no pinning anywhere, the scheduler's batch_min, nothing reallocated
     (the levels pinned: no shape search)."""
     pins = []
-    monkeypatch.setattr(workers, "pin", lambda *a: pins.append(a))
-    monkeypatch.setattr(workers, "pin_process", lambda *a: pins.append(a))
+    # env workers pin their home cores (env_worker.py), Resources pin gen and learner (worker.py)
+    monkeypatch.setattr(env_worker, "pin", lambda *a: pins.append(a))
+    monkeypatch.setattr(worker, "pin", lambda *a: pins.append(a))
+    monkeypatch.setattr(worker, "pin_process", lambda *a: pins.append(a))
     levels = ["scheduler.pipeline=true", "scheduler.step_level=true"]
     cfg = tiny_cfg([*EBRL, *levels, "threads.gen=1", "threads.train=1"])
     train(cfg)
@@ -103,13 +105,14 @@ def test_the_searched_threads_reach_the_workers(tiny_cfg, tmp_path, applied):
 @two_cores
 def test_pinned_plan_reaches_every_worker(tiny_cfg, tmp_path, applied, monkeypatch):
     homes = []
-    real_pin = workers.pin
+    real_pin = worker.pin
 
     def record(pid, cores):
         homes.append(frozenset(cores))
         return real_pin(pid, cores)
 
-    monkeypatch.setattr(workers, "pin", record)
+    monkeypatch.setattr(env_worker, "pin", record)  # the env workers' homes
+    monkeypatch.setattr(worker, "pin", record)  # Resources applied in-process
     before = os.sched_getaffinity(0)
     train(tiny_cfg([*EBRL, "resources.pin=true", "threads.gen=1", "threads.train=1"]))
     want = initial_resources(

@@ -134,17 +134,17 @@ def test_a_trial_of_another_thread_split_moves_the_generator_and_the_learner(mon
     the replica and the learner (torch threads set in their workers), and the run goes on."""
     import dataclasses
 
-    from ebrl.schedulers.ebrl import manage, workers
+    from ebrl.schedulers.ebrl import manage, worker
 
     applied = []
-    orig_apply = workers._Worker.apply_resources
+    orig_apply = worker.Worker.apply_resources
 
     def spy_apply(self, msg):
         done = orig_apply(self, msg)
         applied.append(done)
         return done
 
-    monkeypatch.setattr(workers._Worker, "apply_resources", spy_apply)
+    monkeypatch.setattr(worker.Worker, "apply_resources", spy_apply)
 
     def other(choice):
         g, t = choice.shape.threads

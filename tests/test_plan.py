@@ -73,8 +73,8 @@ def overlaps(a, b) -> bool:
 
 # --- the engine's rules and their twins --------------------------------------------------------
 def _gen_worker(t: int, k: int, groups: list[list[int]], n: int):
+    from ebrl.schedulers.ebrl.gen_worker import GenWorker
     from ebrl.schedulers.ebrl.messages import Reshape
-    from ebrl.schedulers.ebrl.workers import GenWorker
 
     gen = GenWorker.__new__(GenWorker)
     gen.plan = SimpleNamespace(

@@ -7,8 +7,8 @@ import os
 import pytest
 
 from ebrl.schedulers.ebrl import EBRLScheduler
+from ebrl.schedulers.ebrl.gen_worker import GenWorker
 from ebrl.schedulers.ebrl.rebind import home_cores, rebind_plan
-from ebrl.schedulers.ebrl.workers import GenWorker
 
 from .test_ebrl_scheduler import context, fake_cfg
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 from ebrl.schedulers.ebrl import EBRLScheduler
-from ebrl.schedulers.ebrl.workers import StalenessError
+from ebrl.schedulers.ebrl.learner_worker import StalenessError
 
 from .conftest import TINY, make_cfg
 from .test_ebrl_scheduler import context
@@ -60,9 +60,9 @@ def test_the_timeline_keeps_every_workers_last_spans_when_the_run_stops(monkeypa
     throttled sends turned off, the timeline holds only what the stop sends carried: every
     worker's spans must still be there (a short run on a fast machine ends before a throttled
     send, and its timeline used to miss those spans)."""
-    from ebrl.schedulers.ebrl import workers
+    from ebrl.schedulers.ebrl import worker
 
-    monkeypatch.setattr(workers._Worker, "flush_every_s", float("inf"))
+    monkeypatch.setattr(worker.Worker, "flush_every_s", float("inf"))
     _, ctx = run(
         cfg8(), EBRLScheduler(backend="inprocess", sim_workers=2, gen_replicas=2, **LOCKSTEP)
     )

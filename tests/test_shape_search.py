@@ -279,8 +279,8 @@ def test_the_generator_picks_with_the_plans_cap() -> None:
     """GenWorker._pick is the model's rule with the run's M and cap (no stage, no sockets)."""
     from types import SimpleNamespace
 
+    from ebrl.schedulers.ebrl.gen_worker import GenWorker
     from ebrl.schedulers.ebrl.messages import Reshape
-    from ebrl.schedulers.ebrl.workers import GenWorker
 
     gen = GenWorker.__new__(GenWorker)
     gen.plan = SimpleNamespace(

@@ -221,15 +221,16 @@ def test_the_learner_leader_advertises_one_address_to_its_ranks_and_to_the_broad
     broadcast (its board's ``cast_at``) must name the same one. Each keeps a port of its own."""
     from ebrl.envs.fake import CountingEnv
     from ebrl.runtime.channel import node_ip
-    from ebrl.schedulers.ebrl import workers
+    from ebrl.schedulers.ebrl import learner_worker
     from ebrl.stages.factory import StageFactory
 
     answers = iter([("10.0.0.1", 29601), ("10.0.0.2", 29602)])  # two interfaces, two answers
-    monkeypatch.setattr(workers, "cast_address", lambda: next(answers))
-    monkeypatch.setattr(workers, "free_port", lambda host: 29700)  # nothing binds 10.0.0.x here
+    monkeypatch.setattr(learner_worker, "cast_address", lambda: next(answers))
+    # nothing binds 10.0.0.x here
+    monkeypatch.setattr(learner_worker, "free_port", lambda host: 29700)
     spec = CountingEnv(env_id=0, obs_dim=5, action_dim=3).spec
     factory = StageFactory.from_config(tiny_cfg()).with_spec(spec)
-    leader = workers.LearnerWorker(factory, b"k", node_ip(), rank=0, world=2)
+    leader = learner_worker.LearnerWorker(factory, b"k", node_ip(), rank=0, world=2)
     try:
         _, dist, board = leader.open()
     finally:

@@ -10,8 +10,10 @@ import pytest
 
 from ebrl.runtime.channel import Inbox, new_authkey
 from ebrl.schedulers.ebrl import messages as msg
+from ebrl.schedulers.ebrl.env_worker import EnvWorker
+from ebrl.schedulers.ebrl.gen_worker import GenWorker
 from ebrl.schedulers.ebrl.heartbeat import HeartbeatMonitor, HeartbeatSender, stop_workers
-from ebrl.schedulers.ebrl.workers import EnvWorker, GenWorker, LearnerWorker
+from ebrl.schedulers.ebrl.learner_worker import LearnerWorker
 
 #: the traffic diagram (ebrl/schedulers/ebrl/wiring.py), read at the receiving end
 RECEIVES = {

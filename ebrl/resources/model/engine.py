@@ -1,6 +1,6 @@
 """The EBRL engine's schedule, played on the fluid machine: every scheduler is a setting of it.
 
-The roles are the engine's (``ebrl/schedulers/ebrl/workers.py``): E env workers, R generator
+The roles are the engine's (``ebrl/schedulers/ebrl/*_worker.py``): E env workers, R generator
 replicas each acting for a contiguous block of them, one learner (its L ranks as one lane). Each
 follows its worker loop's own order of events:
 

@@ -65,7 +65,7 @@ from ebrl.stages.profile import gen_stage_fn, ppo_config, profile_for_run, train
 
 if TYPE_CHECKING:
     from ebrl.schedulers.ebrl.wiring import Roles
-    from ebrl.schedulers.ebrl.workers import Schedule
+    from ebrl.schedulers.ebrl.worker import Schedule
 
 log = logging.getLogger(__name__)
 

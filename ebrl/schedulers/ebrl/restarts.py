@@ -13,6 +13,8 @@ from ebrl.resources.runtime import RunTimeManager
 from ebrl.runtime.channel import Outbox
 from ebrl.schedulers.base import StageError
 from ebrl.schedulers.ebrl import manage
+from ebrl.schedulers.ebrl.env_worker import EnvWorker
+from ebrl.schedulers.ebrl.gen_worker import GenWorker
 from ebrl.schedulers.ebrl.messages import Lost, Owed, Reconnect, Rewire
 from ebrl.schedulers.ebrl.wiring import (
     Links,
@@ -23,7 +25,7 @@ from ebrl.schedulers.ebrl.wiring import (
     sim_name,
     wire,
 )
-from ebrl.schedulers.ebrl.workers import EnvWorker, GenWorker, Schedule
+from ebrl.schedulers.ebrl.worker import Schedule
 
 log = logging.getLogger(__name__)
 

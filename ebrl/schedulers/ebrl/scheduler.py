@@ -18,7 +18,7 @@ With all three off this is a synchronous schedule on the same worker processes, 
 throughput benchmark compares EBRL against.
 
 The driver only wires workers, relays reports and merges telemetry: per-step data flows worker to
-worker (``ebrl.schedulers.ebrl.workers``). It also runs the resource manager (``manage.py``): the
+worker (the ``*_worker.py`` modules). It also runs the resource manager (``manage.py``): the
 ``resources`` group sets the generator's and the learner's threads, cores and the generator's batch
 size, and with ``resources.allocator=elastic`` Algorithm 1 re-splits them while the run goes on.
 Whatever the workers change (in-process: threads of this process), the driver's affinity and torch
@@ -52,8 +52,11 @@ from ebrl.runtime.placement import placement_groups
 from ebrl.runtime.slots import ShmSlots, SlotSpec
 from ebrl.schedulers.base import IterationReport, RunContext, StageError
 from ebrl.schedulers.ebrl import manage
+from ebrl.schedulers.ebrl.env_worker import EnvWorker
+from ebrl.schedulers.ebrl.gen_worker import GenWorker
 from ebrl.schedulers.ebrl.gpu import GpuFabric
 from ebrl.schedulers.ebrl.heartbeat import HeartbeatMonitor, stop_workers
+from ebrl.schedulers.ebrl.learner_worker import LearnerWorker
 from ebrl.schedulers.ebrl.messages import (
     Applied,
     Beat,
@@ -76,7 +79,7 @@ from ebrl.schedulers.ebrl.wiring import (
     weight_routes,
     wire,
 )
-from ebrl.schedulers.ebrl.workers import EnvWorker, GenWorker, LearnerWorker, Schedule
+from ebrl.schedulers.ebrl.worker import Schedule
 from ebrl.utilisation import ray_local_gpus
 
 log = logging.getLogger(__name__)
@@ -523,7 +526,7 @@ class EBRLScheduler:
             raise StageError(m.worker, f"{m.error}\n--- worker traceback ---\n{m.traceback}")
 
         # who reacts to what on the driver (a handler's non-None result is yielded); the
-        # workers' tables are their ``handlers`` (workers.py)
+        # workers' tables are their ``handlers`` (the *_worker.py modules)
         handlers: dict[type, Callable[[Any], IterationReport | None]] = {
             Report: report,
             Telemetry: telemetry,
