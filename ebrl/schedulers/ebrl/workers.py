@@ -31,7 +31,7 @@ from ebrl.resources.apply import pin, pin_process, rebind_threads
 from ebrl.resources.model import pick
 from ebrl.rollout import EpisodeStats, SegmentBuilder
 from ebrl.runtime.channel import Address, Inbox, Outbox, node_ip
-from ebrl.runtime.dist import destroy, free_port, init_group
+from ebrl.runtime.dist_group import destroy, free_port, init_group
 from ebrl.runtime.placement import pin_planned_gpus
 from ebrl.runtime.slots import SlotSpec, open_slots
 from ebrl.runtime.weight_board import BoardSpec, WeightBoard
