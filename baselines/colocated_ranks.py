@@ -43,7 +43,8 @@ import torch
 
 from baselines.colocated import ColocatedScheduler, all_cores
 from ebrl.rollout import EpisodeStats, SegmentBuilder
-from ebrl.runtime.dist import DataParallel, destroy, free_port, init_group
+from ebrl.runtime.dist import DataParallel
+from ebrl.runtime.dist_group import destroy, free_port, init_group
 from ebrl.runtime.placement import (
     SLOTS_VAR,
     Placement,

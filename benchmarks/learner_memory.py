@@ -4,10 +4,10 @@ Two gloo learner ranks on this machine train one PPO update of a policy (the emb
 shapes: PushCube's 35-dim observations, 8-dim actions, chunks of 4) on a segment of the counting
 env, once with ``learner_strategy=ddp`` and once with ``fsdp``; each rank then counts the bytes of
 its policy's parameters and of its Adam state (a shard's local part under FSDP:
-:func:`ebrl.runtime.dist.held_bytes`). Byte counts, not process memory: the policy is built whole
-on every rank before FSDP shards it, so a CPU process's peak RSS does not show the saving. Under
-FSDP the leader also keeps the full weights it publishes to the generator replicas (a CPU copy),
-printed on a line of its own.
+:func:`ebrl.runtime.dist_fsdp.held_bytes`). Byte counts, not process memory: the policy is built
+whole on every rank before FSDP shards it, so a CPU process's peak RSS does not show the saving.
+Under FSDP the leader also keeps the full weights it publishes to the generator replicas (a CPU
+copy), printed on a line of its own.
 
 This measures memory, not time: it is safe to run on a busy machine.
 
@@ -29,7 +29,8 @@ import torch.multiprocessing as mp
 from ebrl.algos.ppo import PPO, PPOConfig
 from ebrl.envs import CountingEnv, EnvGroup
 from ebrl.policies import MLPPolicy, Policy, PolicySpec, TransformerPolicy
-from ebrl.runtime.dist import destroy, free_port, held_bytes, init_group
+from ebrl.runtime.dist_fsdp import held_bytes
+from ebrl.runtime.dist_group import destroy, free_port, init_group
 from ebrl.stages.train import TrainStage
 from ebrl.types import Observation, Segment, Transition
 

@@ -20,7 +20,8 @@ import torch.multiprocessing as mp
 
 from baselines.colocated_ranks import GatheredTrain, weights_checksum
 from ebrl.policies import MLPPolicy, PolicySpec
-from ebrl.runtime.dist import SOLO, DataParallel, destroy, free_port, init_group
+from ebrl.runtime.dist import SOLO, DataParallel
+from ebrl.runtime.dist_group import destroy, free_port, init_group
 from ebrl.stages.train import TrainStage
 from ebrl.types import Segment
 

@@ -26,15 +26,8 @@ from ebrl.algos.loss import decoupled_ppo_loss, loss_normalisers
 from ebrl.algos.ppo import PPO, PPOConfig
 from ebrl.envs import CountingEnv, EnvGroup
 from ebrl.policies import MLPPolicy, PolicySpec
-from ebrl.runtime.dist import (
-    SOLO,
-    DataParallel,
-    destroy,
-    exchange,
-    free_port,
-    init_group,
-    resolve_backend,
-)
+from ebrl.runtime.dist import SOLO, DataParallel
+from ebrl.runtime.dist_group import destroy, exchange, free_port, init_group, resolve_backend
 from ebrl.stages.train import TrainStage, load_checkpoint
 from ebrl.types import Observation, Segment, Transition
 

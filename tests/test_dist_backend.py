@@ -1,6 +1,6 @@
 """Which torch.distributed backend learner ranks take, and where a sharded learner's tensors live.
 
-The backend is decided from what each rank's process sees (``ebrl.runtime.dist.rank_devices``:
+The backend is decided from what each rank's process sees (``ebrl.runtime.dist_group.rank_devices``:
 its ``CUDA_VISIBLE_DEVICES``, torch's CUDA device count, the GPUs' UUIDs) and the other ranks'
 views (``choose_backend``): NCCL where every rank owns its GPUs, gloo where one computes on the
 CPU, sees no GPU, or two share a GPU. The layouts below are fakes of what a Ray actor sees: Ray
@@ -24,11 +24,11 @@ import torch.multiprocessing as mp
 
 from ebrl.algos.ppo import PPO, PPOConfig
 from ebrl.policies import MLPPolicy, PolicySpec
-from ebrl.runtime.dist import (
+from ebrl.runtime.dist_fsdp import devices_of
+from ebrl.runtime.dist_group import (
     RankDevices,
     choose_backend,
     destroy,
-    devices_of,
     free_port,
     init_group,
     rank_devices,

@@ -29,15 +29,9 @@ from ebrl.algos.grpo import GRPO, GRPOConfig
 from ebrl.algos.ppo import PPO, PPOConfig
 from ebrl.policies import MLPPolicy, PolicySpec
 from ebrl.policies.transformer import TransformerPolicy
-from ebrl.runtime.dist import (
-    SOLO,
-    DataParallel,
-    destroy,
-    free_port,
-    held_bytes,
-    init_group,
-    shard_units,
-)
+from ebrl.runtime.dist import SOLO, DataParallel
+from ebrl.runtime.dist_fsdp import held_bytes, shard_units
+from ebrl.runtime.dist_group import destroy, free_port, init_group
 from ebrl.schedulers.ebrl import EBRLScheduler
 from ebrl.stages.train import TrainStage, load_checkpoint
 

@@ -17,7 +17,8 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from ebrl.runtime.dist import SOLO, destroy, free_port, init_group
+from ebrl.runtime.dist import SOLO
+from ebrl.runtime.dist_group import destroy, free_port, init_group
 
 from .test_fsdp import _inputs, _same_weights, _train
 

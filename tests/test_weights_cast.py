@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from ebrl.runtime import weight_cast
-from ebrl.runtime.dist import free_port
+from ebrl.runtime.dist_group import free_port
 from ebrl.runtime.watchdog import SHM_DIR
 from ebrl.runtime.weight_board import BoardSpec, WeightBoard
 from ebrl.runtime.weight_cast import CastSpec, NodeBoard, buckets, open_board

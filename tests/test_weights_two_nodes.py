@@ -30,7 +30,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from ebrl.runtime.dist import free_port
+from ebrl.runtime.dist_group import free_port
 from ebrl.runtime.slurm_cluster import wait_for_nodes
 
 from .conftest import TINY

@@ -325,7 +325,7 @@ def sgd_update(
     minibatch; the returned metrics are the whole minibatches', as in a one-rank run. Each
     epoch's permutation is checked to agree across the ranks (a third, per epoch). With an FSDP
     group (``dp.sharded``: the policy's parameters are shards,
-    :func:`ebrl.runtime.dist.shard_module`) FSDP's backward sums the gradients into each rank's
+    :func:`ebrl.runtime.dist_fsdp.shard_module`) FSDP's backward sums the gradients into each rank's
     shard instead of the flat buffer, the clip uses the global norm over all shards and each
     rank steps its shard: the same update. With
     :data:`~ebrl.runtime.dist.SOLO` (the default) nothing is communicated and the update is

@@ -7,9 +7,9 @@ leader's reads its node's board, which one replica of that node (its receiver, a
 same bytes (the board's layout, :mod:`ebrl.runtime.weight_layout`, in the learner's own dtypes,
 the changing tensors after the first whole one) to every node's receiver in one
 torch.distributed group of its own (:class:`Caster`; gloo, or NCCL where every member owns its
-GPU: :func:`ebrl.runtime.dist.choose_backend`), in buckets of at most :data:`CAST_BUCKET` bytes,
-and returns once every node's board holds the version, so a replica told the version finds it
-there. One copy crosses to each node per update, instead of a pickled state dict per replica.
+GPU: :func:`ebrl.runtime.dist_group.choose_backend`), in buckets of at most :data:`CAST_BUCKET`
+bytes, and returns once every node's board holds the version, so a replica told the version finds
+it there. One copy crosses to each node per update, instead of a pickled state dict per replica.
 The broadcast's seconds are ``pipeline/weights_cast_s`` (within ``pipeline/weights_publish_s``);
 a load from a node's board is a ``load`` span with source ``collective``.
 
@@ -84,7 +84,7 @@ def cast_address() -> tuple[str, int] | None:
     nodes reach it, and a port free there now (None where that address cannot be bound here:
     replicas on other nodes then get the weights inline)."""
     from ebrl.runtime.channel import node_ip
-    from ebrl.runtime.dist import free_port
+    from ebrl.runtime.dist_group import free_port
 
     host = node_ip()
     try:
@@ -151,12 +151,12 @@ def _store(cast: CastSpec, master: bool) -> Any:
 class _Group:
     """The leader and the receivers as a torch.distributed group of their own (not the default
     group: the leader's is its learner ranks'), its backend chosen from what each member sees
-    (:func:`ebrl.runtime.dist.choose_backend`: NCCL where each owns its GPU, else gloo)."""
+    (:func:`ebrl.runtime.dist_group.choose_backend`: NCCL where each owns its GPU, else gloo)."""
 
     def __init__(self, store: Any, rank: int, cast: CastSpec, device: torch.device) -> None:
         import torch.distributed as tdist
 
-        from ebrl.runtime.dist import RankDevices, choose_backend, exchange, rank_devices
+        from ebrl.runtime.dist_group import RankDevices, choose_backend, exchange, rank_devices
 
         size = cast.receivers + 1
         mine = rank_devices(device).dumps()

@@ -22,14 +22,8 @@ from torch import nn
 from ebrl.algos.loss import optimizer_to, row_slices
 from ebrl.memory import micro_batch_for
 from ebrl.policies.base import Policy
-from ebrl.runtime.dist import (
-    SOLO,
-    DataParallel,
-    gather_full,
-    reshard,
-    shard_module,
-    shard_optimizer,
-)
+from ebrl.runtime.dist import SOLO, DataParallel
+from ebrl.runtime.dist_fsdp import gather_full, reshard, shard_module, shard_optimizer
 from ebrl.types import Segment
 
 log = logging.getLogger(__name__)
@@ -124,7 +118,7 @@ class TrainStage:
         """Train as ``dp``'s rank from now on (set on the algorithm as ``algo.dp``).
 
         With ``dp.strategy == "fsdp"`` the policy is sharded now (FSDP2 units:
-        :func:`ebrl.runtime.dist.shard_units`), its optimiser rebuilt on the shards with its
+        :func:`ebrl.runtime.dist_fsdp.shard_units`), its optimiser rebuilt on the shards with its
         state (a resumed checkpoint's) sharded alike, and a GRPO reference policy sharded too;
         from here on a rank holds about 1/L of them between updates. Call it once, after the
         policy reached its device and its checkpoint was loaded, on every rank.
@@ -308,7 +302,8 @@ def save_learner(
     atomically: a kill mid-write leaves the previous checkpoint intact.
 
     ``policy_state`` / ``optimizer_state``: full states gathered from FSDP shards
-    (:func:`ebrl.runtime.dist.gather_full`) to save instead of ``algo``'s own, which are shards.
+    (:func:`ebrl.runtime.dist_fsdp.gather_full`) to save instead of ``algo``'s own, which are
+    shards.
     """
     if policy_state is None:
         policy_state = algo.policy.state_dict()

@@ -11,7 +11,7 @@ VLA-shaped transformer (``policy=transformer_m``), ``learner_ranks=2`` at ``lear
 each (an MPS quota of 30% of the SMs), ``gen_replicas=2`` at ``gen_gpus=0.2`` each, and env
 workers on the cores left (14 of 16 on the H200 machine). Then it prints each role's busy
 fraction and throughput and checks that every role ran: both ranks trained every segment (two
-ranks on one GPU reduce through gloo: NCCL refuses them, ``ebrl.runtime.dist``), both replicas
+ranks on one GPU reduce through gloo: NCCL refuses them, ``ebrl.runtime.dist_group``), both replicas
 acted, and the shares became MPS quotas of 20% and 30%. Where ManiSkill is not installed the
 env workers run the synthetic simulator instead.
 """

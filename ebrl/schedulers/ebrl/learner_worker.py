@@ -19,7 +19,7 @@ import torch
 
 from ebrl.rollout import EpisodeStats
 from ebrl.runtime.channel import Address, Outbox
-from ebrl.runtime.dist import destroy, free_port, init_group
+from ebrl.runtime.dist_group import destroy, free_port, init_group
 from ebrl.runtime.weight_board import BoardSpec, WeightBoard
 from ebrl.runtime.weight_cast import cast_address
 from ebrl.schedulers.ebrl.messages import Lost, Owed, Part, Reconnect, Report, Resources, Weights
