@@ -45,14 +45,10 @@ from baselines.colocated import ColocatedScheduler, all_cores
 from ebrl.rollout import EpisodeStats, SegmentBuilder
 from ebrl.runtime.dist import DataParallel
 from ebrl.runtime.dist_group import destroy, free_port, init_group
-from ebrl.runtime.placement import (
-    SLOTS_VAR,
-    Placement,
-    colocated_asks,
-    describe,
-    pin_planned_gpus,
-    placement_groups,
-)
+from ebrl.runtime.placement import Placement, describe
+from ebrl.runtime.placement_asks import colocated_asks
+from ebrl.runtime.placement_nodes import placement_groups
+from ebrl.runtime.placement_ray import SLOTS_VAR, pin_planned_gpus
 from ebrl.schedulers.base import IterationReport, RunContext, StageError, Stages, UpdateBudget
 from ebrl.stages.factory import StageFactory
 from ebrl.stages.train import TrainStage
@@ -321,7 +317,9 @@ def merge(outs: list[dict[str, Any]], iteration: int) -> IterationReport:
 def run_ranks(sched: ColocatedScheduler, ctx: RunContext) -> Iterator[IterationReport]:
     """The driver of a Colocated run over ``sched.ranks`` processes (the module docstring)."""
     from ebrl.runtime.backend import RayBackend
-    from ebrl.runtime.placement import cluster_nodes, place, ray_options
+    from ebrl.runtime.placement import place
+    from ebrl.runtime.placement_nodes import cluster_nodes
+    from ebrl.runtime.placement_ray import ray_options
 
     factory, world = ctx.factory, sched.ranks
     blocks = rank_envs(factory, world, ctx.env_groups)

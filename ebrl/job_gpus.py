@@ -8,16 +8,9 @@ from __future__ import annotations
 from typing import Any
 
 from ebrl.config import LauncherKind
-from ebrl.runtime.placement import (
-    Placement,
-    PlacementError,
-    colocated_asks,
-    fake_cluster,
-    gpus_used,
-    place,
-    placement_groups,
-    role_asks,
-)
+from ebrl.runtime.placement import Placement, PlacementError, gpus_used, place
+from ebrl.runtime.placement_asks import colocated_asks, role_asks
+from ebrl.runtime.placement_nodes import fake_cluster, placement_groups
 
 #: the override that lets a GPU job through that leaves GPUs idle or computes on the CPU
 IDLE_OK = "launcher.allow_idle_gpus"
@@ -30,8 +23,8 @@ def _asked(job: dict[str, Any]) -> int:
 
 
 def _placed(job: dict[str, Any]) -> list[Placement]:
-    """A job's roles placed as its run places them (``placement.role_asks``, ``place``) on a
-    cluster of the shape its launcher reserves (``placement.fake_cluster``: the nodes a Slurm
+    """A job's roles placed as its run places them (``placement_asks.role_asks``, ``place``) on a
+    cluster of the shape its launcher reserves (``placement_nodes.fake_cluster``: the nodes a Slurm
     job of that many tasks starts). Node groups are left out: which nodes declare them is
     the cluster's, checked when the run starts."""
     sched, lau = job["scheduler"], job.get("launcher") or {}

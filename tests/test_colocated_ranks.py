@@ -22,7 +22,9 @@ import torch
 from baselines.colocated import ColocatedScheduler
 from baselines.colocated_ranks import merge, rank_envs
 from ebrl.ledger import account
-from ebrl.runtime.placement import PlacementError, colocated_asks, fake_cluster, place
+from ebrl.runtime.placement import PlacementError, place
+from ebrl.runtime.placement_asks import colocated_asks
+from ebrl.runtime.placement_nodes import fake_cluster
 from ebrl.schedulers.base import IterationReport, StageError
 from ebrl.stages.factory import StageFactory
 

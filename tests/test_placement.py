@@ -12,16 +12,10 @@ import psutil
 import pytest
 
 from ebrl.runtime.backend import InProcessBackend, RayBackend
-from ebrl.runtime.placement import (
-    NOSET_CUDA,
-    Ask,
-    Node,
-    PlacementError,
-    cluster_nodes,
-    describe,
-    place,
-    ray_options,
-)
+from ebrl.runtime.placement import PlacementError, describe, place
+from ebrl.runtime.placement_asks import Ask
+from ebrl.runtime.placement_nodes import Node, cluster_nodes
+from ebrl.runtime.placement_ray import NOSET_CUDA, ray_options
 
 
 def node(name: str, cpus: float = 4, gpus: float = 0, **res: float) -> Node:

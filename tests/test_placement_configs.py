@@ -1,7 +1,7 @@
 """The placement of every shipped scale point and full-size experiment (issue 43), built from
-the shipped configs through the function the run uses (``placement.role_asks``, called by
+the shipped configs through the function the run uses (``placement_asks.role_asks``, called by
 ``GpuFabric.place``) and placed on a fake cluster of the shape the job's launcher
-reserves (``placement.fake_cluster``: the nodes a Ray cluster of that shape reports), held to
+reserves (``placement_nodes.fake_cluster``: the nodes a Ray cluster of that shape reports), held to
 what the configs say: "per GPU a learner rank and a generator replica, each with half its SMs
 (MPS quotas), and 8 env workers" (``conf/axis/scale/g*.yaml``, ``conf/experiment/cluster.yaml``).
 """
@@ -18,14 +18,9 @@ from omegaconf import OmegaConf, open_dict, read_write
 from ebrl import launch
 from ebrl.resources import sharing
 from ebrl.runtime.backend import RayBackend
-from ebrl.runtime.placement import (
-    describe,
-    fake_cluster,
-    gpus_used,
-    place,
-    placement_groups,
-    role_asks,
-)
+from ebrl.runtime.placement import describe, gpus_used, place
+from ebrl.runtime.placement_asks import role_asks
+from ebrl.runtime.placement_nodes import fake_cluster, placement_groups
 
 ROOT = Path(__file__).resolve().parents[1]
 SCALES = sorted(p.stem for p in (ROOT / "conf" / "axis" / "scale").glob("g*.yaml"))
@@ -125,7 +120,7 @@ def test_the_run_places_by_the_same_asks(monkeypatch):
 def test_each_gpu_role_is_told_its_planned_gpus_and_ray_to_leave_them():
     """Ray hands fractional shares out in the order actors are created, not as planned: every
     GPU role's options name its planned slots and switch Ray's own assignment off."""
-    from ebrl.runtime.placement import NOSET_CUDA, SLOTS_VAR, ray_options
+    from ebrl.runtime.placement_ray import NOSET_CUDA, SLOTS_VAR, ray_options
 
     _, ps = placed(job("+axis/scale=g8", "scheduler=ebrl"))
     for p in ps:
@@ -141,7 +136,7 @@ def test_each_gpu_role_is_told_its_planned_gpus_and_ray_to_leave_them():
     [("3,5", "1", "5"), (None, "1", "1"), ("0,1,2,3", "2,3", "2,3"), ("GPU-a,GPU-b", "0", "GPU-a")],
 )
 def test_a_slot_is_the_nodes_own_device_of_that_index(node, slots, want):
-    from ebrl.runtime.placement import SLOTS_VAR, pin_planned_gpus
+    from ebrl.runtime.placement_ray import SLOTS_VAR, pin_planned_gpus
 
     env = {SLOTS_VAR: slots} | ({"CUDA_VISIBLE_DEVICES": node} if node else {})
     assert pin_planned_gpus(env) == want == env["CUDA_VISIBLE_DEVICES"]
@@ -149,7 +144,7 @@ def test_a_slot_is_the_nodes_own_device_of_that_index(node, slots, want):
 
 
 def test_a_slot_past_the_nodes_devices_is_refused_naming_them():
-    from ebrl.runtime.placement import SLOTS_VAR, pin_planned_gpus
+    from ebrl.runtime.placement_ray import SLOTS_VAR, pin_planned_gpus
 
     with pytest.raises(RuntimeError, match=r"slot 2.*CUDA_VISIBLE_DEVICES=3,5"):
         pin_planned_gpus({SLOTS_VAR: "2", "CUDA_VISIBLE_DEVICES": "3,5"})
@@ -159,7 +154,7 @@ class _Probe:
     """A GPU role's first act, as EBRL's workers do it: take the planned GPUs."""
 
     def __init__(self) -> None:
-        from ebrl.runtime.placement import pin_planned_gpus
+        from ebrl.runtime.placement_ray import pin_planned_gpus
 
         pin_planned_gpus()
 
@@ -176,7 +171,8 @@ def test_on_ray_each_gpu_holds_one_replica_and_one_rank_as_planned():
     ranks on GPU 1."""
     import ray
 
-    from ebrl.runtime.placement import cluster_nodes, ray_options
+    from ebrl.runtime.placement_nodes import cluster_nodes
+    from ebrl.runtime.placement_ray import ray_options
 
     j = job("+axis/scale=g2", "scheduler=ebrl")
     ray.init(address="local", num_cpus=2, num_gpus=2, include_dashboard=False)

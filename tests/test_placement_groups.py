@@ -17,18 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from ebrl.runtime.placement import (
-    Ask,
-    PlacementError,
-    check_groups,
-    cluster_nodes,
-    describe,
-    fake_cluster,
-    in_group,
-    place,
-    placement_groups,
-    role_asks,
-)
+from ebrl.runtime.placement import PlacementError, check_groups, describe, place
+from ebrl.runtime.placement_asks import Ask, role_asks
+from ebrl.runtime.placement_nodes import cluster_nodes, fake_cluster, in_group, placement_groups
 
 ROOT = Path(__file__).resolve().parents[1]
 #: one 8-GPU node and two CPU nodes, the second of which declares the resource ``rtx``
@@ -149,9 +140,10 @@ PROBE = """
 import json, sys, time
 import ray
 from ebrl.runtime.backend import RayBackend
-from ebrl.runtime.placement import (
-    PlacementError, cluster_nodes, describe, place, ray_options, role_asks,
-)
+from ebrl.runtime.placement import PlacementError, describe, place
+from ebrl.runtime.placement_asks import role_asks
+from ebrl.runtime.placement_nodes import cluster_nodes
+from ebrl.runtime.placement_ray import ray_options
 
 ray.init(address=sys.argv[1])
 backend = RayBackend(address=sys.argv[1])

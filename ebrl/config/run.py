@@ -10,7 +10,7 @@ from omegaconf import MISSING
 
 from ebrl.config.base import ConfigError, _check
 from ebrl.config.resources import GPUNode, LauncherNode, ResourcesNode, ScaleConfig
-from ebrl.runtime.placement import PlacementConfig
+from ebrl.runtime.placement_nodes import PlacementConfig
 
 
 @dataclass

@@ -12,7 +12,7 @@ from typing import Any
 
 import yaml
 
-from ebrl.runtime.placement import Node
+from ebrl.runtime.placement_nodes import Node
 
 #: the repository's config folder
 CONF = Path(__file__).resolve().parents[2] / "conf"
@@ -56,7 +56,7 @@ class MachineSpec:
         return self.nodes * self.gpus_per_node
 
     def ray_nodes(self) -> list[Node]:
-        """The nodes as ``ebrl.runtime.placement`` sees a Ray cluster (the head first)."""
+        """The nodes as ``ebrl.runtime.placement_nodes`` sees a Ray cluster (the head first)."""
         return [
             Node(
                 f"{n:08x}" + "0" * 48,

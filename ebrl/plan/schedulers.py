@@ -50,7 +50,8 @@ from ebrl.resources.model import (
     splits_of,
     thread_options,
 )
-from ebrl.runtime.placement import Ask, place
+from ebrl.runtime.placement import place
+from ebrl.runtime.placement_asks import Ask
 
 SCHEDULERS = ("sync", "colocated", "hybrid", "async", "ebrl")
 #: the schedulers that run every stage in the driver process (no roles, no messages)

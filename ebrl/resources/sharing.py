@@ -8,7 +8,7 @@ or joins one); where none can serve, the roles time-slice the GPU, and the run s
 records it (:data:`TAG`).
 
 What changes the machine (the daemons, the roles' environments) is in ``ebrl.resources.mps``
-and ``ebrl.runtime.placement``; this module says what they should be and refuses what cannot be.
+and ``ebrl.runtime.placement_ray``; this module says what they should be and refuses what cannot be.
 """
 
 from __future__ import annotations

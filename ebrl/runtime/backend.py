@@ -220,7 +220,7 @@ class RayBackend:
 
         Args:
             resources: Ray custom resources (``scheduler.resources`` of the worker's role).
-            options: more Ray actor options (``ebrl.runtime.placement.ray_options``: node
+            options: more Ray actor options (``ebrl.runtime.placement_ray.ray_options``: node
                 affinity, ``num_gpus``, ``runtime_env``), merged over the defaults
                 ``num_cpus=0, max_restarts=0``; their ``resources`` are merged with
                 ``resources`` (``options`` wins a clash). An actor's ``runtime_env.env_vars``

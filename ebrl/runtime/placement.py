@@ -1,11 +1,12 @@
 """Which Ray node each worker of a run goes to: stages ask, :func:`place` decides, Ray obeys.
 
 The roles of a run are ``sim`` (env workers), ``gen`` (generator replicas) and ``learner``
-(learner ranks). Each worker is one :class:`Ask`: a GPU count or share, CPU cores, Ray custom
-resources (``scheduler.resources``), and for a sim worker the generator replica it ``feeds``.
+(learner ranks). Each worker is one :class:`~ebrl.runtime.placement_asks.Ask`: a GPU count or
+share, CPU cores, Ray custom resources (``scheduler.resources``), and for a sim worker the
+generator replica it ``feeds``. The cluster is a list of
+:class:`~ebrl.runtime.placement_nodes.Node` s.
 
-:func:`place` is a pure function of the asks and the cluster's :class:`Node` s (unit-tested
-without Ray):
+:func:`place` is a pure function of the asks and the nodes (unit-tested without Ray):
 
 * GPU asks go to nodes with GPUs; a whole ask (1, 2, ...) takes whole free GPUs. A share goes
   first to a GPU that holds no worker of its role, so each learner rank owns its GPU (NCCL
@@ -26,161 +27,25 @@ without Ray):
   resource manager pins cores itself and Ray gets ``num_cpus=0``.
 
 When an ask cannot be met, :class:`PlacementError` names the worker, its ask and what the nodes
-have. :func:`ray_options` turns a placement into Ray actor options (a hard node affinity, the GPU
-share, the MPS SM quota as ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`` for shares below one GPU), for
-``RayBackend.spawn(..., options=...)``; :func:`describe` prints the table.
+have. :func:`describe` prints the table. :func:`ebrl.runtime.placement_ray.ray_options` turns a
+placement into Ray actor options (a hard node affinity, the GPU share, the MPS SM quota as
+``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`` for shares below one GPU), for
+``RayBackend.spawn(..., options=...)``.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
-from types import MappingProxyType
-from typing import Any
+from dataclasses import dataclass
 
-#: roles in the order they are placed: learners and generators take GPUs first, sim workers
-#: follow the replica they feed
-ROLES = ("learner", "gen", "sim", "colocated")
-#: how a worker is named in messages and tables; a ``colocated`` rank is one process of RLinf's
-#: Colocated mode holding its share of the envs, a generator and a learner rank
-#: (``baselines/colocated_ranks.py``)
-ROLE_NOUN = {
-    "sim": "sim worker",
-    "gen": "gen replica",
-    "learner": "learner rank",
-    "colocated": "Colocated rank",
-}
-#: Ray resources that are options of their own (``num_cpus``, ``num_gpus``), not ``resources``
-BUILTIN = ("CPU", "GPU")
-#: resources every Ray node reports of itself (not a group a user declares)
-_RAY_OWN = ("node:", "memory", "object_store_memory", "accelerator_type:")
+from ebrl.runtime.placement_asks import ROLE_NOUN, ROLES, Ask
+from ebrl.runtime.placement_nodes import Node, in_group
+
 _EPS = 1e-9
 
 
 class PlacementError(ValueError):
     """An ask no node of the cluster can meet."""
-
-
-def _frozen(m: Mapping[str, float] | None) -> Mapping[str, float]:
-    return MappingProxyType({str(k): float(v) for k, v in (m or {}).items()})
-
-
-@dataclass(frozen=True)
-class Ask:
-    """What one worker asks for.
-
-    Attributes:
-        role: ``sim``, ``gen``, ``learner`` or ``colocated``.
-        index: the worker's index within its role (sim worker w, replica r, rank l).
-        gpus: whole GPUs (1, 2, ...) or a share of one (0 < gpus < 1); 0: none.
-        cpus: cores it needs (Ray counts them only with ``place(..., count_cpus=True)``).
-        resources: Ray custom resources (``{"sim_node": 0.1}``); never ``CPU``/``GPU``.
-        feeds: for a sim worker, the gen replica it sends to (placed on that replica's node).
-        group: the node group it must run on (``placement.groups.<role>``; :func:`in_group`),
-            None: any node.
-    """
-
-    role: str
-    index: int
-    gpus: float = 0.0
-    cpus: float = 0.0
-    resources: Mapping[str, float] = field(default_factory=dict)
-    feeds: int | None = None
-    group: str | None = None
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "resources", _frozen(self.resources))
-        who = self.name
-        if self.role not in ROLE_NOUN:
-            raise ValueError(f"{who}: role {self.role!r} is not one of {sorted(ROLE_NOUN)}")
-        if self.index < 0:
-            raise ValueError(f"{who}: index must be >= 0")
-        if not (self.gpus >= 0 and math.isfinite(self.gpus)):
-            raise ValueError(f"{who} asks {self.gpus} GPUs: must be >= 0")
-        if self.gpus > 1 and not float(self.gpus).is_integer():
-            raise ValueError(
-                f"{who} asks {self.gpus} GPUs: more than one GPU must be a whole number "
-                "(a share is below 1)"
-            )
-        if not (self.cpus >= 0 and math.isfinite(self.cpus)):
-            raise ValueError(f"{who} asks {self.cpus} CPUs: must be >= 0")
-        for k, v in self.resources.items():
-            if k in BUILTIN:
-                raise ValueError(
-                    f"{who}: resource {k!r} is not a custom resource: ask "
-                    f"{'gpus' if k == 'GPU' else 'cpus'}={v} instead"
-                )
-            if v < 0:
-                raise ValueError(f"{who} asks {v} of resource {k!r}: must be >= 0")
-        if self.feeds is not None and self.role != "sim":
-            raise ValueError(f"{who}: only a sim worker feeds a gen replica")
-
-    def __hash__(self) -> int:
-        items = tuple(sorted(self.resources.items()))
-        return hash((self.role, self.index, self.gpus, self.cpus, items, self.feeds, self.group))
-
-    @property
-    def name(self) -> str:
-        """``learner rank 1``, ``gen replica 0``, ``sim worker 3``."""
-        return f"{ROLE_NOUN.get(self.role, self.role)} {self.index}"
-
-    @property
-    def mps_percent(self) -> int | None:
-        """The MPS SM quota of a share below one GPU (``round(100 * gpus)``); None otherwise."""
-        if 0 < self.gpus < 1:
-            return max(1, min(99, round(100 * self.gpus)))
-        return None
-
-
-@dataclass(frozen=True)
-class Node:
-    """One alive Ray node.
-
-    Attributes:
-        node_id: Ray's hex node id.
-        address: its IP (``NodeManagerAddress``).
-        cpus: logical CPUs Ray gives it.
-        gpus: GPUs Ray gives it (declared: a test cluster may declare GPUs it has not).
-        resources: every other Ray resource of the node (custom ones, ``node:<ip>``, memory).
-        head: the head node.
-        labels: the node's Ray labels (``ray start --labels``; Ray's own ``ray.io/...`` too).
-    """
-
-    node_id: str
-    address: str
-    cpus: float
-    gpus: float
-    resources: Mapping[str, float] = field(default_factory=dict)
-    head: bool = False
-    labels: Mapping[str, str] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "resources", _frozen(self.resources))
-        object.__setattr__(
-            self, "labels", MappingProxyType({str(k): str(v) for k, v in self.labels.items()})
-        )
-
-    @property
-    def tags(self) -> str:
-        """Its custom resources and its labels, as an error shows them (``rtx=4, zone=b``)."""
-        own = [
-            f"{k}={_fmt_num(v)}"
-            for k, v in sorted(self.resources.items())
-            if not k.startswith(_RAY_OWN)
-        ]
-        own += [f"{k}={v}" for k, v in sorted(self.labels.items()) if not k.startswith("ray.io/")]
-        return ", ".join(own) or "none"
-
-    def __hash__(self) -> int:
-        return hash((self.node_id, self.address, self.cpus, self.gpus, self.head))
-
-    @property
-    def short(self) -> str:
-        """``10.0.0.3/1a2b3c4d``: address and the start of the id (several nodes may share an
-        address on one machine)."""
-        return f"{self.address}/{self.node_id[:8]}"
 
 
 @dataclass(frozen=True)
@@ -215,110 +80,7 @@ class Placement:
         return self.ask.index
 
 
-# --- the cluster ------------------------------------------------------------------------------
-def cluster_nodes(raw: Sequence[Mapping[str, Any]] | None = None) -> list[Node]:
-    """The alive nodes of the cluster this process is connected to (head first, then by
-    address and id).
-
-    Args:
-        raw: entries like ``ray.nodes()`` gives (None: ask Ray; Ray must be initialized).
-    """
-    if raw is None:
-        import ray
-
-        raw = ray.nodes()
-    out = []
-    for n in raw:
-        if not n.get("Alive", False):
-            continue
-        res = {str(k): float(v) for k, v in (n.get("Resources") or {}).items()}
-        out.append(
-            Node(
-                node_id=str(n["NodeID"]),
-                address=str(n.get("NodeManagerAddress", "")),
-                cpus=res.pop("CPU", 0.0),
-                gpus=res.pop("GPU", 0.0),
-                resources=res,
-                head="node:__internal_head__" in res,
-                labels={str(k): str(v) for k, v in (n.get("Labels") or {}).items()},
-            )
-        )
-    out.sort(key=lambda x: (not x.head, x.address, x.node_id))
-    return out
-
-
-def fake_cluster(
-    nodes: int,
-    gpus_per_node: float,
-    cpus_per_node: float,
-    groups: Mapping[int, Mapping[str, float]] | None = None,
-) -> list[Node]:
-    """The nodes a Ray cluster of that shape reports (``ray.nodes()``'s entries, read by
-    :func:`cluster_nodes`): what a Slurm job of ``nodes`` tasks starts
-    (``ebrl.runtime.slurm_cluster``: node i has the resource ``slurm_task_<i>``), for the dry
-    run and the tests.
-
-    Args:
-        groups: node index -> more custom resources it declares (a node group's name).
-    """
-    raw = []
-    for i in range(nodes):
-        addr = f"10.0.0.{i + 1}"
-        res = {"CPU": float(cpus_per_node), f"node:{addr}": 1.0, f"slurm_task_{i}": 1.0}
-        if gpus_per_node:
-            res["GPU"] = float(gpus_per_node)
-        if i == 0:
-            res["node:__internal_head__"] = 1.0
-        res.update((groups or {}).get(i, {}))
-        raw.append(
-            {"NodeID": f"{i + 1:02x}" * 28, "NodeManagerAddress": addr, "Alive": True,
-             "Resources": res}
-        )  # fmt: skip
-    return cluster_nodes(raw)
-
-
-# --- node groups ------------------------------------------------------------------------------
-@dataclass
-class NodeGroups:
-    """The node group each role is pinned to (None: any node): a custom resource the group's
-    nodes declare (``ray start --resources '{"rtx": 1}'``; a Slurm task's ``slurm_task_<i>``),
-    or a Ray label (the key ``rtx``, or ``key=value``) where the cluster's Ray sets labels."""
-
-    #: the env workers' node group (None: any node)
-    sim: str | None = None
-    #: the generator replicas' node group (None: any node)
-    gen: str | None = None
-    #: the learner ranks' node group (None: any node)
-    learner: str | None = None
-    #: the ranks of scheduler=colocated over several GPUs (None: any node)
-    colocated: str | None = None
-
-
-@dataclass
-class PlacementConfig:
-    """The ``placement`` config node: ``placement.groups.sim=rtx`` pins the env workers to the
-    nodes of group ``rtx`` (:class:`NodeGroups`, :func:`in_group`); checked against the
-    cluster before any worker starts (:func:`check_groups`)."""
-
-    #: the node group of each role (placement.groups.sim=rtx)
-    groups: NodeGroups = field(default_factory=NodeGroups)
-
-
-def placement_groups(cfg: Mapping[str, Any]) -> dict[str, str]:
-    """A run config's ``placement.groups`` (role -> node group); {} where it has none."""
-    node = cfg.get("placement") or {}
-    return {str(k): str(v) for k, v in (node.get("groups") or {}).items() if v}
-
-
-def in_group(node: Node, group: str) -> bool:
-    """Whether ``node`` is in node group ``group``: it declares a custom resource of that name
-    (more than 0), or a label of that key, or, for ``key=value``, that label."""
-    if node.resources.get(group, 0.0) > 0 or group in node.labels:
-        return True
-    key, eq, value = group.partition("=")
-    return bool(eq) and node.labels.get(key) == value
-
-
+# --- node groups, checked before placing ------------------------------------------------------
 def check_groups(groups: Mapping[str, str | None], nodes: Sequence[Node]) -> None:
     """Refuse, before any worker starts, a role pinned to a node group no node is in.
 
@@ -340,46 +102,6 @@ def check_groups(groups: Mapping[str, str | None], nodes: Sequence[Node]) -> Non
             f"{seen or 'none'}. Start the group's nodes with `ray start --resources "
             f"'{{\"{group}\": 1}}'` (or --labels {group}=1), or unset placement.groups.{role}"
         )
-
-
-def role_asks(
-    sched: Mapping[str, Any],
-    groups: Mapping[str, str | None] | None = None,
-) -> list[Ask]:
-    """Every worker's ask for a scheduler on EBRL's workers, from its config node (the run's
-    ``scheduler``: ``sim_workers``, ``gen_replicas``, ``learner_ranks``, ``gen_gpus``,
-    ``learner_gpus``, ``resources``) and ``placement.groups``: what ``GpuFabric.place``
-    places and the dry run checks. Env worker w feeds replica ``replica_of[w]`` (contiguous
-    blocks, ``Roles.replica_of``)."""
-    from ebrl.resources.model.rules import replica_blocks
-
-    res = sched.get("resources") or {}
-    groups = groups or {}
-    workers, replicas = int(sched["sim_workers"]), int(sched["gen_replicas"])
-    replica_of = replica_blocks(workers, replicas)
-    asks = [
-        Ask("sim", w, resources=res.get("sim") or {}, feeds=replica_of[w], group=groups.get("sim"))
-        for w in range(workers)
-    ]
-    asks += [
-        Ask("gen", r, gpus=float(sched["gen_gpus"] or 0), resources=res.get("gen") or {},
-            group=groups.get("gen"))
-        for r in range(replicas)
-    ]  # fmt: skip
-    asks += [
-        Ask("learner", i, gpus=float(sched["learner_gpus"] or 0),
-            resources=res.get("learner") or {}, group=groups.get("learner"))
-        for i in range(int(sched["learner_ranks"]))
-    ]  # fmt: skip
-    return asks
-
-
-def colocated_asks(ranks: int, gpus: float, group: str | None = None) -> list[Ask]:
-    """The asks of RLinf's Colocated mode over ``ranks`` processes: one per rank, each with
-    ``gpus`` (a whole GPU on a GPU run, 0 on the cores), on node group ``group``
-    (``placement.groups.colocated``). What ``baselines/colocated_ranks.py`` places and the dry
-    run checks; placed in rank order, one node filled before the next (rank i on GPU i)."""
-    return [Ask("colocated", i, gpus=float(gpus), group=group) for i in range(int(ranks))]
 
 
 # --- placing ----------------------------------------------------------------------------------
@@ -590,131 +312,7 @@ def _refusal(
     )
 
 
-# --- Ray --------------------------------------------------------------------------------------
-#: Ray's switch that leaves ``CUDA_VISIBLE_DEVICES`` of an actor's process to the process
-NOSET_CUDA = "RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES"
-#: the node-local GPU slots a GPU role was planned on (:func:`ray_options`)
-SLOTS_VAR = "EBRL_GPU_SLOTS"
-
-
-def pin_planned_gpus(environ: Any = None) -> str | None:
-    """In a GPU role's process, before CUDA starts: make its planned GPU slots (``EBRL_GPU_SLOTS``,
-    set by :func:`ray_options`) its ``CUDA_VISIBLE_DEVICES``. Slot ``i`` is the ``i``-th device
-    the node was started with (the ``CUDA_VISIBLE_DEVICES`` the process inherits from its Ray
-    node, e.g. a Slurm job's GPUs), or device ``i`` where the node names none.
-
-    Returns:
-        the devices it set; None where no slots were planned (a worker without a GPU, a run
-        without Ray).
-
-    Raises:
-        RuntimeError: a planned slot the node has no device for.
-    """
-    import os
-
-    env = os.environ if environ is None else environ
-    slots = env.get(SLOTS_VAR)
-    if not slots:
-        return None
-    node = [d.strip() for d in (env.get("CUDA_VISIBLE_DEVICES") or "").split(",") if d.strip()]
-    chosen = []
-    for s in slots.split(","):
-        i = int(s)
-        if node and i >= len(node):
-            raise RuntimeError(
-                f"this worker was planned on GPU slot {i}, but its Ray node was started with "
-                f"CUDA_VISIBLE_DEVICES={','.join(node)} ({len(node)} GPU(s)): start the node "
-                "with --num-gpus matching the devices it sees"
-            )
-        chosen.append(node[i] if node else str(i))
-    env["CUDA_VISIBLE_DEVICES"] = ",".join(chosen)
-    return env["CUDA_VISIBLE_DEVICES"]
-
-
-def ray_options(
-    p: Placement,
-    *,
-    mps: bool = True,
-    mps_pipe: str | Path | None = None,
-    sm_pct: int | None = None,
-) -> dict[str, Any]:
-    """Ray actor options for ``p``: merge them over ``RayBackend.spawn``'s defaults
-    (``spawn(..., options=ray_options(p))``).
-
-    * ``scheduling_strategy``: a hard affinity to the placement's node.
-    * ``num_gpus``: the ask (Ray counts the share); ``num_cpus``: the placement's (0 by
-      default).
-    * for a GPU role: its planned slots (``EBRL_GPU_SLOTS``) and Ray told not to set
-      ``CUDA_VISIBLE_DEVICES``: the process takes its planned GPUs (:func:`pin_planned_gpus`),
-      since Ray would pack shares in the order actors are created.
-    * ``resources``: the ask's custom resources.
-    * ``runtime_env.env_vars``: the MPS SM quota ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE``
-      (``sm_pct``, else the share in percent for a share below one GPU; it takes effect
-      where an MPS daemon serves the GPU, without one CUDA ignores it), plus
-      ``CUDA_MPS_PIPE_DIRECTORY`` when ``mps_pipe`` is given. Ray merges an actor's
-      ``env_vars`` with the job's (``RayBackend``'s ``VK_ICD_FILENAMES`` ... stay).
-
-    Args:
-        mps: set the MPS quota.
-        mps_pipe: the pipe directory of the MPS daemon serving the node
-            (``ebrl.resources.mps.ClusterMPS.pipes``).
-        sm_pct: the role's SM quota in percent (``ebrl.resources.sharing.quotas``; None: the
-            share's own, :attr:`Ask.mps_percent`).
-    """
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-    a = p.ask
-    opts: dict[str, Any] = {
-        "scheduling_strategy": NodeAffinitySchedulingStrategy(node_id=p.node.node_id, soft=False),
-        "num_gpus": float(a.gpus),
-        "num_cpus": float(p.num_cpus),
-    }
-    if a.resources:
-        opts["resources"] = dict(a.resources)
-    env: dict[str, str] = {}
-    if a.gpus > 0 and p.gpu_slots:
-        # Ray hands out fractional shares in the order actors are created (two replicas made
-        # before the ranks share GPU 0), not as planned: the role's process takes its planned
-        # GPUs itself (pin_planned_gpus) and Ray leaves CUDA_VISIBLE_DEVICES alone
-        env[SLOTS_VAR] = ",".join(str(s) for s in p.gpu_slots)
-        env[NOSET_CUDA] = "1"
-    quota = sm_pct if sm_pct is not None and a.gpus > 0 else a.mps_percent
-    if mps and quota is not None:
-        env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(quota)
-        if mps_pipe is not None:
-            env["CUDA_MPS_PIPE_DIRECTORY"] = str(mps_pipe)
-    if env:
-        opts["runtime_env"] = {"env_vars": env}
-    return opts
-
-
-#: the variables a GPU role's process reports (:func:`record_role_env`)
-GPU_ENV = (
-    "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE",
-    "CUDA_MPS_PIPE_DIRECTORY",
-    "CUDA_VISIBLE_DEVICES",
-)
-
-
-def _role_env(_instance: Any) -> dict[str, Any]:
-    """Run inside a role's actor process: its pid, node and sharing variables."""
-    import os
-    import socket
-
-    return {
-        "pid": os.getpid(),
-        "host": socket.gethostname(),
-        **{k: os.environ.get(k) for k in GPU_ENV},
-    }
-
-
-def record_role_env(actor: Any, timeout_s: float = 60.0) -> dict[str, Any]:
-    """What a role's process runs with (:data:`GPU_ENV`, its pid and host), read inside it."""
-    import ray
-
-    return ray.get(actor.__ray_call__.remote(_role_env), timeout=timeout_s)
-
-
+# --- the table --------------------------------------------------------------------------------
 def describe(
     placements: Sequence[Placement], sm_pct: Mapping[Ask, int | None] | None = None
 ) -> str:

@@ -4,7 +4,7 @@ run goes, and what every GPU role's process saw.
 
 The decisions are :mod:`ebrl.resources.sharing`'s (the split, the re-split, the MIG choice,
 what is refused); the machine is changed by :mod:`ebrl.resources.mps` (the daemons) and
-:mod:`ebrl.runtime.placement` (Ray's options, each role's environment). This module holds one
+:mod:`ebrl.runtime.placement_ray` (Ray's options, each role's environment). This module holds one
 run's state between the two, so that the engine (:mod:`ebrl.schedulers.ebrl.scheduler`) calls
 five methods: :meth:`GpuFabric.set_quotas` and :meth:`~GpuFabric.place` before the workers
 start, :meth:`~GpuFabric.record_env` once they are up, :meth:`~GpuFabric.resplit` on each
@@ -24,17 +24,10 @@ from ebrl.resources import sharing
 from ebrl.resources.apply import MPS_CONTROL
 from ebrl.resources.mps import ClusterMPS, mig_gpus
 from ebrl.runtime.backend import RayBackend
-from ebrl.runtime.placement import (
-    NOSET_CUDA,
-    Ask,
-    Placement,
-    cluster_nodes,
-    describe,
-    place,
-    ray_options,
-    record_role_env,
-    role_asks,
-)
+from ebrl.runtime.placement import Placement, describe, place
+from ebrl.runtime.placement_asks import Ask, role_asks
+from ebrl.runtime.placement_nodes import cluster_nodes
+from ebrl.runtime.placement_ray import NOSET_CUDA, ray_options, record_role_env
 from ebrl.schedulers.ebrl.wiring import Roles, gen_name, learner_name, sim_name
 
 if TYPE_CHECKING:

@@ -48,7 +48,7 @@ from ebrl.resources.shape import ShapeChoice
 from ebrl.runtime.backend import InProcessBackend, RayBackend, WorkerDied
 from ebrl.runtime.channel import Inbox, Outbox, new_authkey, node_ip
 from ebrl.runtime.dist import STRATEGIES
-from ebrl.runtime.placement import placement_groups
+from ebrl.runtime.placement_nodes import placement_groups
 from ebrl.runtime.slots import ShmSlots, SlotSpec
 from ebrl.schedulers.base import IterationReport, RunContext, StageError
 from ebrl.schedulers.ebrl import manage

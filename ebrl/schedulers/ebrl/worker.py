@@ -28,7 +28,7 @@ import torch
 
 from ebrl.resources.apply import pin, pin_process
 from ebrl.runtime.channel import Address, Inbox, Outbox, node_ip
-from ebrl.runtime.placement import pin_planned_gpus
+from ebrl.runtime.placement_ray import pin_planned_gpus
 from ebrl.runtime.slots import SlotSpec, open_slots
 from ebrl.schedulers.base import UpdateBudget
 from ebrl.schedulers.ebrl.heartbeat import HeartbeatSender
