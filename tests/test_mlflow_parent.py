@@ -12,7 +12,7 @@ import pytest
 from ebrl.launch.preview import describe
 from ebrl.launch.runs import array_parent, end_sweep_runs, start_sweep_runs
 from ebrl.launch.sweep import hydra_command, plan
-from ebrl.tracking import MLflowTracker
+from ebrl.tracking.tracker import MLflowTracker
 
 from .conftest import TINY, make_cfg
 

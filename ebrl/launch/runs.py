@@ -32,7 +32,7 @@ def prepare_stores(p: SweepPlan) -> None:
     collide."""
     from mlflow.tracking import MlflowClient
 
-    from ebrl.tracking import local_store_uri
+    from ebrl.tracking.store import local_store_uri
 
     for uri, store, experiment in sorted(p.stores, key=str):
         artifact_root = None
@@ -47,14 +47,14 @@ def _client(store: Store) -> tuple[Any, str]:
     """(MlflowClient, experiment id) of a plan's store, the experiment created if missing."""
     from mlflow.tracking import MlflowClient
 
-    from ebrl.tracking import _experiment_id, local_store_uri
+    from ebrl.tracking.store import experiment_id, local_store_uri
 
     uri, folder, experiment = store
     artifact_root = None
     if uri is None:
         uri, artifact_root = local_store_uri(folder)
     client = MlflowClient(tracking_uri=uri)
-    return client, _experiment_id(client, experiment, artifact_root)
+    return client, experiment_id(client, experiment, artifact_root)
 
 
 def start_sweep_runs(p: SweepPlan, command: str) -> dict[Store, str]:
@@ -69,7 +69,7 @@ def start_sweep_runs(p: SweepPlan, command: str) -> dict[Store, str]:
 
     from mlflow.entities import Param
 
-    from ebrl.tracking import git_commit, machine, portable
+    from ebrl.tracking.provenance import git_commit, machine, portable
 
     text = portable(describe(p, dry_run=False))
     out: dict[Store, str] = {}
@@ -120,11 +120,11 @@ def end_sweep_runs(p: SweepPlan, parents: dict[Store, str], codes: list[int], ki
     by status (``sweep/runs_finished``...) against the jobs planned (``sweep/jobs``)."""
     from mlflow.entities import Metric
 
-    from ebrl.tracking import _bounded_http
+    from ebrl.tracking.store import bounded_http
 
     for store, run_id in parents.items():
         try:
-            with _bounded_http(10.0, retries=2):
+            with bounded_http(10.0, retries=2):
                 client, exp_id = _client(store)
                 children = client.search_runs(
                     [exp_id], filter_string=f"tags.mlflow.parentRunId = '{run_id}'"
