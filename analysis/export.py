@@ -417,7 +417,7 @@ def download_traces(
 
 def write(export: Export, out: str | Path, command: str | None = None) -> list[Path]:
     """Write ``runs.csv``, ``curves.csv`` and ``export.json`` (report and provenance) to ``out``."""
-    from ebrl.tracking import git_commit, portable
+    from ebrl.tracking.provenance import git_commit, portable
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)

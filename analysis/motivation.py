@@ -407,7 +407,7 @@ class RunStats:
 
 
 def stats(run: Run) -> RunStats:
-    from ebrl.tracking import portable
+    from ebrl.tracking.provenance import portable
 
     return RunStats(
         key=run.key,
@@ -518,7 +518,7 @@ def notes(all_stats: Sequence[RunStats]) -> list[str]:
 
 
 def provenance(all_stats: Sequence[RunStats], argv: Sequence[str]) -> list[str]:
-    from ebrl.tracking import git_commit, portable
+    from ebrl.tracking.provenance import git_commit, portable
 
     return [
         f"report: `{portable('python -m analysis.motivation ' + ' '.join(argv))}` "

@@ -91,7 +91,7 @@ def _tells_apart(runs: pd.DataFrame, col: str) -> bool:
 def _provenance(runs_dirs: Sequence[Path], argv: Sequence[str]) -> str:
     """The report's command, then each export folder's: its command, date, the commits of its
     runs and the machines (one block per folder, in the order given)."""
-    from ebrl.tracking import portable
+    from ebrl.tracking.provenance import portable
 
     lines = [f"report: `{portable('python -m analysis.report ' + ' '.join(argv))}`"]
     for i, runs_dir in enumerate(runs_dirs):

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ebrl.tracking import git_commit, machine, portable
+from ebrl.tracking.provenance import git_commit, machine, portable
 
 #: EBRL's worker processes with every level off: a lock-step rollout, then training
 LEVELS_OFF = ["scheduler.overlap=false", "scheduler.pipeline=false", "scheduler.step_level=false"]

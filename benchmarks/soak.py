@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.common import provenance  # noqa: E402
-from ebrl.tracking import portable  # noqa: E402
+from ebrl.tracking.provenance import portable  # noqa: E402
 
 WORKLOAD = ["+experiment=embedded", "scheduler=ebrl", "progress=false"]
 

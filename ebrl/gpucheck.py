@@ -81,7 +81,7 @@ def _out(cmd: Sequence[str], env: dict[str, str] | None = None, timeout: float =
 
 def provenance(mode: str, command: str, seeds: str, carried: Sequence[str]) -> dict[str, Any]:
     """What produced the check's figures: commit, machine, command, seeds, GPU, software."""
-    from ebrl.tracking import git_commit, machine
+    from ebrl.tracking.provenance import git_commit, machine
 
     smi = shutil.which("nvidia-smi")
     torch_v = _out(

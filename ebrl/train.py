@@ -34,7 +34,7 @@ from ebrl.schedulers.base import RunContext, UpdateBudget
 from ebrl.signals import Preempted, StopSignals
 from ebrl.stages.factory import StageFactory
 from ebrl.timeline import Timeline
-from ebrl.tracking import git_commit, machine, portable
+from ebrl.tracking.provenance import git_commit, machine, portable
 from ebrl.utilisation import UtilisationSampler
 
 log = logging.getLogger("ebrl")

@@ -14,7 +14,7 @@ from omegaconf import OmegaConf
 
 from ebrl.config import LauncherKind, target_machine, validate
 from ebrl.hardware import MachineFacts
-from ebrl.launch import expand, sweep_names
+from ebrl.launch.sweep import expand, sweep_names
 
 from .conftest import make_cfg
 

@@ -18,9 +18,9 @@ from hydra.core.global_hydra import GlobalHydra
 from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf, open_dict
 
-from ebrl import launch
 from ebrl.config import ConfigError, check_unknown_keys, validate
 from ebrl.hardware import MachineFacts
+from ebrl.launch.cli import main
 from ebrl.train import CONF_DIR
 
 from .conftest import make_cfg
@@ -196,7 +196,7 @@ def test_every_conf_option_sets_only_schema_keys(option):
 
 
 def test_launch_dry_run_refuses_the_typo(capsys):
-    assert launch.main(["--dry-run", "smoke", "+budget.env_step=1"]) == 1
+    assert main(["--dry-run", "smoke", "+budget.env_step=1"]) == 1
     out = capsys.readouterr().out
     assert "unknown key budget.env_step: did you mean budget.env_steps?" in out
 

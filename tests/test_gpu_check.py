@@ -22,7 +22,8 @@ import torch
 from hydra.utils import instantiate
 
 from ebrl.gpucheck import CARRY_LIMIT, carry_lines, plan_args
-from ebrl.launch import _compose, expand
+from ebrl.launch.check import compose_config
+from ebrl.launch.sweep import expand
 from ebrl.policies.base import PolicySpec
 from ebrl.policies.transformer import TransformerPolicy
 
@@ -42,7 +43,7 @@ def test_the_regime_sweep_is_the_five_schedulers_by_two_seeds_at_the_g1_point():
     }
     assert [j["seed"] for j in got] == ["0"] * 5 + ["1"] * 5  # each seed's five runs together
     assert {j["gpu"] for j in got} == {"h200"}  # the command line names this machine's GPU
-    cfg = _compose(["+sweep=gpu_regime", *(f"{k}={v}" for k, v in got[-1].items())])
+    cfg = compose_config(["+sweep=gpu_regime", *(f"{k}={v}" for k, v in got[-1].items())])
     assert (cfg.scale.gen_gpus, cfg.scale.learner_gpus) == (0.5, 0.5)  # MPS quotas, g1
     assert cfg.scale.sim_workers == 8 and cfg.num_envs == 32
     assert cfg.simulator._target_.endswith("SyntheticCostEnv")  # on the cores
@@ -53,14 +54,14 @@ def test_the_cpu_sweep_is_the_same_runs_with_the_policy_and_budget_shrunk():
     gpu, cpu = jobs("gpu_regime"), jobs("gpu_regime_cpu")
     key = [(j["scheduler"], j["seed"]) for j in gpu]
     assert [(j["scheduler"], j["seed"]) for j in cpu] == key
-    cfg = _compose(["+sweep=gpu_regime_cpu", *(f"{k}={v}" for k, v in cpu[0].items())])
+    cfg = compose_config(["+sweep=gpu_regime_cpu", *(f"{k}={v}" for k, v in cpu[0].items())])
     assert cfg.gpu.name == "cpu" and cfg.scale.gen_gpus == 0 and cfg.scale.learner_gpus == 0
     assert cfg.policy.d_model == 64 and cfg.policy.dtype == "bf16"  # the same class, in bf16
     assert cfg.budget.iterations == 3
 
 
 def test_the_vla_policy_has_hundreds_of_millions_of_parameters_its_trunk_in_bf16():
-    cfg = _compose(["policy=transformer_vla"])
+    cfg = compose_config(["policy=transformer_vla"])
     with torch.device("meta"):  # its size, without allocating 1.2 GB here
         policy = instantiate(cfg.policy, _partial_=True)(spec=PolicySpec(35, 8, 4))
     n = sum(p.numel() for p in policy.parameters())
@@ -73,7 +74,7 @@ def test_the_vla_policy_has_hundreds_of_millions_of_parameters_its_trunk_in_bf16
 
 
 def test_a_bf16_trunk_acts_and_scores_in_float32_and_learns():
-    cfg = _compose(["+experiment=gpu_regime_cpu"])
+    cfg = compose_config(["+experiment=gpu_regime_cpu"])
     torch.manual_seed(0)
     policy = instantiate(cfg.policy, _partial_=True)(spec=PolicySpec(35, 8, 4))
     obs = torch.randn(6, 35)
@@ -97,7 +98,7 @@ def test_an_unknown_dtype_is_refused_naming_the_choices():
 def test_plan_args_plan_the_configuration_the_regime_ran(tmp_path):
     from omegaconf import OmegaConf
 
-    cfg = _compose(["+experiment=gpu_regime", "gpu=h100", "scheduler=ebrl"])
+    cfg = compose_config(["+experiment=gpu_regime", "gpu=h100", "scheduler=ebrl"])
     cfg = OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"])
     (tmp_path / "config.yaml").write_text(OmegaConf.to_yaml(cfg))
     args = plan_args(tmp_path)

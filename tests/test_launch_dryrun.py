@@ -6,14 +6,16 @@ import json
 
 import pytest
 
-from ebrl import launch
+from ebrl.launch import cli
+from ebrl.launch.check import CONF_DIR, compose_config
+from ebrl.launch.sweep import expand, hydra_command, plan
 
 #: the headline sweep narrowed to one policy/simulator/scheduler: its two GPU types remain
 HEADLINE = ["headline_full", "policy=pi0", "simulator=libero_vla", "scheduler=ebrl"]
 
 
 def dry_run(capsys, *args: str) -> tuple[int, str]:
-    code = launch.main(["--dry-run", *args])
+    code = cli.main(["--dry-run", *args])
     return code, capsys.readouterr().out
 
 
@@ -25,14 +27,14 @@ def headline_plan() -> dict:
 
     buf = io.StringIO()
     with contextlib.redirect_stdout(buf):
-        assert launch.main(["--dry-run", "--json", *HEADLINE]) == 0
+        assert cli.main(["--dry-run", "--json", *HEADLINE]) == 0
     return json.loads(buf.getvalue())
 
 
 def test_options_may_stand_between_the_sweep_and_its_overrides(capsys, tmp_path):
     """The Makefile's paper targets call ``launch <sweep> --out DIR <overrides>``."""
     sweep, *overrides = HEADLINE
-    code = launch.main([sweep, "--out", str(tmp_path / "o"), "--dry-run", "--json", *overrides])
+    code = cli.main([sweep, "--out", str(tmp_path / "o"), "--dry-run", "--json", *overrides])
     assert code == 0
     got = json.loads(capsys.readouterr().out)
     assert got["n_jobs"] == 10 and str(tmp_path / "o") in json.dumps(got)
@@ -142,9 +144,9 @@ def test_the_json_preview_names_the_checkpoints_to_fetch_and_their_jobs(capsys, 
 
 def test_submitting_for_real_still_refuses_missing_checkpoints(capsys, monkeypatch):
     monkeypatch.delenv("EBRL_CHECKPOINTS")
-    monkeypatch.setattr(launch, "start_sweep_runs", lambda *a: pytest.fail("started a run"))
-    monkeypatch.setattr(launch, "_run_arrays", lambda *a: pytest.fail("submitted"))
-    code = launch.main([*HEADLINE, "seed=0", "gpu=h100"])
+    monkeypatch.setattr(cli, "start_sweep_runs", lambda *a: pytest.fail("started a run"))
+    monkeypatch.setattr(cli, "_run_arrays", lambda *a: pytest.fail("submitted"))
+    code = cli.main([*HEADLINE, "seed=0", "gpu=h100"])
     captured = capsys.readouterr()
     assert code == 1
     assert "1 checkpoint(s) to fetch before submitting" in captured.out
@@ -188,7 +190,7 @@ def test_cpu_sweep_runs_here(capsys):
 
 def test_unknown_sweep_names_the_choices():
     with pytest.raises(SystemExit, match="headline"):
-        launch.main(["--dry-run", "no_such_sweep"])
+        cli.main(["--dry-run", "no_such_sweep"])
 
 
 def _expand_command(cmd: list[str]) -> list[list[str]]:
@@ -212,9 +214,9 @@ def _expand_command(cmd: list[str]) -> list[list[str]]:
     ],
 )
 def test_the_multirun_puts_every_axis_after_the_sweep_and_expands_to_the_planned_jobs(argv):
-    p = launch.plan(argv[0], argv[1:])
+    p = plan(argv[0], argv[1:])
     for a in p.arrays:
-        cmd = launch.hydra_command(p, a)[1:]
+        cmd = hydra_command(p, a)[1:]
         assert cmd[:4] == ["-m", "ebrl.train", f"+sweep={argv[0]}", "hydra.sweeper.params=null"]
         assert _expand_command(cmd) == [list(j.overrides) for j in a.jobs]
 
@@ -240,8 +242,8 @@ def test_every_axis_config_is_in_force_in_its_jobs(name):
 
     from omegaconf import OmegaConf
 
-    conf = Path(launch.CONF_DIR)
-    _, jobs = launch.expand(name, [])
+    conf = Path(CONF_DIR)
+    _, jobs = expand(name, [])
     seen = set()
     for job in jobs:
         axis = next(o for o in job if o.startswith("+axis/"))
@@ -250,7 +252,7 @@ def test_every_axis_config_is_in_force_in_its_jobs(name):
         seen.add(axis)
         group, value = axis.removeprefix("+").split("=", 1)
         want = _leaves(OmegaConf.load(conf / group / f"{value}.yaml"))
-        cfg = launch._compose([f"+sweep={name}", *job])  # the order the multirun composes in
+        cfg = compose_config([f"+sweep={name}", *job])  # the order the multirun composes in
         for key, v in want.items():
             assert OmegaConf.select(cfg, key) == v, f"{name} {axis}: {key}"
         override = next(

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from ebrl.launch import main
+from ebrl.launch.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
 

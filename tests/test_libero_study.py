@@ -5,7 +5,7 @@ every seed's runs back to back, at least 5 seeds."""
 from __future__ import annotations
 
 from ebrl.evaluate import episode_plan
-from ebrl.launch import expand
+from ebrl.launch.sweep import expand
 
 from .conftest import make_cfg
 

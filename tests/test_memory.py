@@ -12,8 +12,8 @@ import math
 import pytest
 import torch
 
-from ebrl import launch
 from ebrl.algos.ppo import PPO, PPOConfig
+from ebrl.launch.cli import main
 from ebrl.memory import (
     USABLE,
     Block,
@@ -90,7 +90,7 @@ def _dry_run(*overrides: str) -> str:
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
         argv = ["--dry-run", "headline_full", "seed=0"]
-        assert launch.main([*argv, *overrides]) == 0
+        assert main([*argv, *overrides]) == 0
     return out.getvalue()
 
 

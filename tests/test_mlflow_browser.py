@@ -33,7 +33,8 @@ def make_store(store: Path) -> dict[str, str]:
     them; returns run name -> id."""
     from mlflow.tracking import MlflowClient
 
-    from ebrl.tracking import MLflowTracker, local_store_uri
+    from ebrl.tracking.store import local_store_uri
+    from ebrl.tracking.tracker import MLflowTracker
 
     uri, root = local_store_uri(store)
     client = MlflowClient(uri)

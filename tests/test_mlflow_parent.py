@@ -9,8 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from ebrl import launch
-from ebrl.tracking import MLflowTracker
+from ebrl.launch.preview import describe
+from ebrl.launch.runs import array_parent, end_sweep_runs, start_sweep_runs
+from ebrl.launch.sweep import hydra_command, plan
+from ebrl.tracking.tracker import MLflowTracker
 
 from .conftest import TINY, make_cfg
 
@@ -49,9 +51,9 @@ def test_a_sweep_run_parents_its_jobs_and_ends_with_them(store, tmp_path):
     from analysis.export import export_runs
     from ebrl.train import train
 
-    p = launch.plan("smoke", ["scheduler=sync", "seed=0,1", f"tracking.store={store}"])
+    p = plan("smoke", ["scheduler=sync", "seed=0,1", f"tracking.store={store}"])
     command = "python -m ebrl.launch smoke scheduler=sync seed=0,1"
-    parents = launch.start_sweep_runs(p, command)
+    parents = start_sweep_runs(p, command)
     ((_, _, experiment), pid), *more = parents.items()
     assert not more and experiment == "smoke"
     client = MlflowClient(f"sqlite:///{store / 'mlflow.db'}")
@@ -65,7 +67,7 @@ def test_a_sweep_run_parents_its_jobs_and_ends_with_them(store, tmp_path):
     assert {a.path for a in client.list_artifacts(pid)} == {"sweep_plan.txt", "sweep_plan.json"}
     # every array's command carries the parent's id: the jobs Submitit pickles have it
     (array,) = p.arrays
-    cmd = launch.hydra_command(p, array, launch.array_parent(p, array, parents))
+    cmd = hydra_command(p, array, array_parent(p, array, parents))
     assert cmd[-1] == f"tracking.parent_run_id={pid}"
 
     # a job: ebrl.train with the override is the parent's child, tagged with its options
@@ -74,7 +76,7 @@ def test_a_sweep_run_parents_its_jobs_and_ends_with_them(store, tmp_path):
         [parent.info.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{pid}'"
     )
     assert (job.data.tags["scheduler"], job.data.tags["simulator"]) == ("sync", "counting")
-    launch.end_sweep_runs(p, parents, [0], killed=False)
+    end_sweep_runs(p, parents, [0], killed=False)
     parent = client.get_run(pid)
     assert parent.info.status == "FINISHED"
     assert (
@@ -97,14 +99,14 @@ def test_a_sweep_run_parents_its_jobs_and_ends_with_them(store, tmp_path):
 )
 def test_the_sweep_run_fails_with_a_job(store, codes, killed, child_status, expected):
     name = f"status-{expected}-{len(codes)}"
-    p = launch.plan("smoke", ["scheduler=sync", "seed=0,1", f"tracking.store={store}"])
+    p = plan("smoke", ["scheduler=sync", "seed=0,1", f"tracking.store={store}"])
     p.stores = {(u, s, name) for u, s, _ in p.stores}  # this case's own experiment
     p.job_stores = {i: next(iter(p.stores)) for i in p.job_stores}
-    parents = launch.start_sweep_runs(p, "python -m ebrl.launch smoke")
+    parents = start_sweep_runs(p, "python -m ebrl.launch smoke")
     (((_, _, experiment), pid),) = parents.items()
     child(store, experiment, pid, "a", "FINISHED", scheduler="sync")
     child(store, experiment, pid, "b", child_status, scheduler="sync")
-    launch.end_sweep_runs(p, parents, codes, killed=killed)
+    end_sweep_runs(p, parents, codes, killed=killed)
     run = MlflowClient(f"sqlite:///{store / 'mlflow.db'}").get_run(pid)
     assert run.info.status == expected
     assert run.data.metrics["sweep/runs"] == 2
@@ -129,8 +131,8 @@ def test_a_resumed_job_keeps_its_parent(store, tmp_path):
 
 
 def test_the_dry_run_says_where_the_sweep_run_goes(tmp_path):
-    p = launch.plan("smoke", ["scheduler=sync", "seed=0", f"tracking.store={tmp_path}"])
-    text = launch.describe(p, dry_run=True)
+    p = plan("smoke", ["scheduler=sync", "seed=0", f"tracking.store={tmp_path}"])
+    text = describe(p, dry_run=True)
     assert "MLflow: the sweep's own run 'smoke' in experiment 'smoke'" in text
     assert "will be the parent of its jobs' runs" in text
     assert not (tmp_path / "mlflow.db").exists()  # a dry run creates nothing

@@ -33,7 +33,7 @@ def get(url: str, body: dict | None = None, timeout: float = 5.0) -> tuple[int, 
 
 @pytest.mark.timeout(240)
 def test_make_ui_serves_the_store_on_loopback(tmp_path):
-    from ebrl.tracking import MLflowTracker
+    from ebrl.tracking.tracker import MLflowTracker
 
     store = tmp_path / "mlflow"
     tr = MLflowTracker(uri=None, store=store, experiment="ui-test", run_name="r1", tags={})

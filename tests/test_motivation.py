@@ -320,9 +320,9 @@ def test_make_targets():
 
 
 def test_motivation_sweeps_plan(tmp_path):
-    from ebrl import launch
+    from ebrl.launch.sweep import plan
 
-    full = launch.plan("motivation_full", [f"tracking.store={tmp_path}"])
+    full = plan("motivation_full", [f"tracking.store={tmp_path}"])
     # every mode on the node's 8 GPUs (Colocated: a rank per GPU), one array
     assert not full.errors and full.n_jobs == 4
     (array,) = full.arrays

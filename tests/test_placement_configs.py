@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf, open_dict, read_write
 
-from ebrl import launch
+from ebrl.config import register
+from ebrl.launch.check import compose_config
 from ebrl.resources import sharing
 from ebrl.runtime.backend import RayBackend
 from ebrl.runtime.placement import describe, gpus_used, place
@@ -32,8 +33,8 @@ SIMS_PER_GPU = 8
 
 def job(*overrides: str) -> dict:
     """A run's config as the run resolves it (composed as a sweep composes its jobs)."""
-    launch.register()
-    cfg = copy.deepcopy(launch._compose(["+experiment=cluster", *overrides]))
+    register()
+    cfg = copy.deepcopy(compose_config(["+experiment=cluster", *overrides]))
     with read_write(cfg), open_dict(cfg):
         del cfg["hydra"]
     return OmegaConf.to_container(cfg, resolve=True)  # type: ignore[return-value]

@@ -694,7 +694,8 @@ def test_dry_run_translates_every_rlinf_job(checkpoints):
     """``python -m ebrl.launch --dry-run headline_full scheduler=rlinf_*``: each job is checked
     for the Slurm node it gets (not this CPU machine), translated, and its GPUs and micro-batch
     printed, or refused with the translation's reason."""
-    from ebrl.launch import describe, plan
+    from ebrl.launch.preview import describe
+    from ebrl.launch.sweep import plan
 
     axes = ["scheduler=rlinf_colocated,rlinf_hybrid,rlinf_async", "policy=pi0"]
     p = plan("headline_full", [*axes, "simulator=libero_vla,robocasa", "gpu=h100", "seed=0"])
@@ -719,7 +720,7 @@ def test_dry_run_of_a_local_rlinf_job_checks_this_machine():
     """A job on the local launcher runs here: the dry run refuses it as the run would, and
     leaves no check of another machine behind."""
     from baselines.rlinf.launch import ELSEWHERE
-    from ebrl.launch import plan
+    from ebrl.launch.sweep import plan
 
     p = plan(
         "headline", ["scheduler=rlinf_colocated", "policy=mlp", "simulator=pushcube", "seed=0"]

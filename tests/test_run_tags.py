@@ -11,7 +11,8 @@ import pytest
 from ebrl import utilisation
 from ebrl.choices import option_of, run_choices
 from ebrl.config import ConfigError, validate
-from ebrl.tracking import _artifact_entry, _Spool, system_metrics_wanted
+from ebrl.tracking.spool import Spool, _artifact_entry
+from ebrl.tracking.tracker import system_metrics_wanted
 
 from .conftest import TINY, make_cfg
 
@@ -156,7 +157,7 @@ def test_spooled_artifacts_keep_their_folder(tmp_path):
     a, b = tmp_path / "a.txt", tmp_path / "start.json"
     a.write_text("a")
     b.write_text("{}")
-    spool = _Spool(tmp_path / "mlflow_spool.jsonl", "http://127.0.0.1:1", "run1")
+    spool = Spool(tmp_path / "mlflow_spool.jsonl", "http://127.0.0.1:1", "run1")
     spool.state["artifacts"] = [str(a), [str(b), "ledger/attempt-0"]]
     client = RecordingClient()
     assert spool.send_artifacts(client, 1.0)

@@ -822,7 +822,8 @@ def test_srun_binds_each_task_to_the_cpus_the_job_asked_for(tmp_path):
 # --- the dry run ------------------------------------------------------------------------------
 def test_dry_run_says_a_two_node_job_starts_a_ray_cluster():
     from ebrl.job_gpus import IDLE_OK
-    from ebrl.launch import describe, plan
+    from ebrl.launch.preview import describe
+    from ebrl.launch.sweep import plan
 
     # sync on 16 GPUs uses one: the dry run refuses it unless let through (issue 43)
     p = plan(

@@ -24,7 +24,8 @@ pytest.importorskip("mlflow")
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
-from ebrl.tracking import SPOOL_NAME, MLflowTracker, TrackingUnavailable, _Spool
+from ebrl.tracking.spool import SPOOL_NAME, Spool
+from ebrl.tracking.tracker import MLflowTracker, TrackingUnavailable
 
 ROOT = Path(__file__).resolve().parents[1]
 KEYS = ("loss", "acc")
@@ -180,7 +181,7 @@ def test_a_hung_server_costs_one_short_timeout(tmp_path):
         hung.bind(("127.0.0.1", 0))
         hung.listen(8)  # the kernel completes the handshake; nobody ever reads
         uri = f"http://127.0.0.1:{hung.getsockname()[1]}"
-        spool = _Spool(tmp_path / SPOOL_NAME, uri, "0" * 32)
+        spool = Spool(tmp_path / SPOOL_NAME, uri, "0" * 32)
         spool.append({"loss": 1.0}, step=1)
         t0 = time.monotonic()
         assert not spool.send(MlflowClient(uri), timeout_s=1)

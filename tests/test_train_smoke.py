@@ -101,7 +101,7 @@ def test_experiment_created_by_a_concurrent_run_is_reused():
     """Runs launched together race to create their experiment: the loser reuses the winner's."""
     from mlflow.exceptions import MlflowException
 
-    from ebrl.tracking import _experiment_id
+    from ebrl.tracking.store import experiment_id
 
     class Racing:
         created = None
@@ -113,21 +113,21 @@ def test_experiment_created_by_a_concurrent_run_is_reused():
             self.created = type("Exp", (), {"experiment_id": "7"})()  # the other run won
             raise MlflowException(f"Experiment(name={name}) already exists")
 
-    assert _experiment_id(Racing(), "sweep", None) == "7"
+    assert experiment_id(Racing(), "sweep", None) == "7"
 
     class Broken(Racing):
         def create_experiment(self, name, artifact_location=None):
             raise MlflowException("database is locked")
 
     with pytest.raises(MlflowException, match="locked"):
-        _experiment_id(Broken(), "sweep", None)
+        experiment_id(Broken(), "sweep", None)
 
 
 def test_portable_takes_out_this_machines_paths(tmp_path, monkeypatch):
     from pathlib import Path
 
     import ebrl
-    from ebrl.tracking import portable
+    from ebrl.tracking.provenance import portable
 
     root = Path(ebrl.__file__).resolve().parents[1]
     monkeypatch.chdir(tmp_path)

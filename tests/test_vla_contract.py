@@ -15,9 +15,10 @@ import math
 import numpy as np
 import pytest
 
-from ebrl import launch
 from ebrl.config import ConfigError, target_machine, validate
 from ebrl.envs import libero
+from ebrl.launch import cli
+from ebrl.launch.sweep import expand, plan, sweep_names
 
 from .conftest import make_cfg
 
@@ -28,7 +29,7 @@ GPU = ["gpu=h100", "launcher=slurm", "launcher.gpus_per_node=8"]
 GPU += ["chunk_size=${policy.action_chunk}"]
 #: LIBERO as the VLAs' checkpoints read it
 LIBERO_VLA = ["simulator=libero", "simulator.obs_mode=state_rgb", "simulator.obs_layout=rlinf"]
-FULL_SWEEPS = sorted(s for s in launch.sweep_names() if s.endswith("_full"))
+FULL_SWEEPS = sorted(s for s in sweep_names() if s.endswith("_full"))
 
 
 def check(overrides: list[str]) -> None:
@@ -94,7 +95,7 @@ def test_ebrls_own_policies_read_the_flat_vector_and_pass_anywhere():
 
 
 def test_the_dry_run_refuses_the_pair_per_job_naming_the_key(capsys):
-    code = launch.main(
+    code = cli.main(
         ["--dry-run", "headline_full", "policy=pi0", "simulator.obs_mode=state", "seed=0"]
     )
     out = capsys.readouterr().out
@@ -107,7 +108,7 @@ def test_each_full_sweep_sets_what_its_vlas_read(sweep):
     """One job per policy of each shipped full-size sweep: what the contract depends on."""
     from omegaconf import OmegaConf
 
-    _, jobs = launch.expand(sweep, [])
+    _, jobs = expand(sweep, [])
     by_policy: dict[str, list[str]] = {}
     for job in jobs:
         policy = next((o for o in job if o.startswith("policy=")), "")
@@ -124,7 +125,7 @@ def test_each_full_sweep_sets_what_its_vlas_read(sweep):
 def test_every_job_of_every_full_sweep_passes_the_dry_run(sweep):
     """Every job, through the dry run (validate per job against its Slurm node): none refused,
     none leaving a GPU it reserves idle (Colocated, one process, is on one GPU or not in it)."""
-    p = launch.plan(sweep, [])
+    p = plan(sweep, [])
     assert p.n_jobs > 0 and not p.errors, [msg for _, msg in p.errors][:3]
 
 

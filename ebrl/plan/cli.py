@@ -379,7 +379,7 @@ def _figures(
 
 def _paper_head(profile: Profile, args: argparse.Namespace) -> str:
     """What the answers are and where they come from."""
-    from ebrl.tracking import git_commit, machine, portable
+    from ebrl.tracking.provenance import git_commit, machine, portable
 
     warn = (
         "**These answers come from an ILLUSTRATIVE profile, not a measured one**: every GPU "

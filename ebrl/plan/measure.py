@@ -308,7 +308,7 @@ def measure_profile(
     cfg = compose(overrides)
     sim = cfg.simulator
     episode = sim.get("max_episode_steps") or sim.get("episode_len")
-    from ebrl.tracking import git_commit, machine
+    from ebrl.tracking.provenance import git_commit, machine
 
     source = (
         f"measured by python -m ebrl.plan.measure on {machine()} at commit {git_commit()}, "

@@ -15,7 +15,7 @@ from ebrl.run.metrics import MetricsFile
 from ebrl.run.report import Summary
 from ebrl.stages.factory import StageFactory
 from ebrl.stages.train import load_checkpoint, snapshots
-from ebrl.tracking import Tracker
+from ebrl.tracking.tracker import Tracker
 
 log = logging.getLogger("ebrl")
 

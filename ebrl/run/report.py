@@ -19,7 +19,7 @@ from ebrl.run.metrics import MetricsFile
 from ebrl.run.resume import Progress
 from ebrl.stages.train import load_checkpoint
 from ebrl.timeline import Timeline
-from ebrl.tracking import MLflowTracker, NullTracker, Tracker, system_metrics_wanted
+from ebrl.tracking.tracker import MLflowTracker, NullTracker, Tracker, system_metrics_wanted
 
 log = logging.getLogger("ebrl")
 
@@ -112,7 +112,7 @@ def open_tracker(
 ) -> Tracker:
     """The run's MLflow run (a resumed attempt's: the same one). Metrics go through ``spool``
     first (``<run_dir>/mlflow_spool.jsonl``), so a tracking server that goes away mid-run costs
-    no metric and does not stop training; see :class:`ebrl.tracking.MLflowTracker`."""
+    no metric and does not stop training; see :class:`ebrl.tracking.tracker.MLflowTracker`."""
     if not run.tracking.enabled:
         return NullTracker()
     tags = {

@@ -83,7 +83,7 @@ def make_env(cfg: DictConfig, task: int, init_states: str) -> Any:
 
 
 def git_state() -> str:
-    from ebrl.tracking import git_commit
+    from ebrl.tracking.provenance import git_commit
 
     return git_commit()
 

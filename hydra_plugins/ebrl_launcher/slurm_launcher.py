@@ -39,7 +39,7 @@ from hydra.core.singleton import Singleton
 from hydra.core.utils import JobReturn, JobStatus, setup_globals
 from hydra_plugins.hydra_submitit_launcher import submitit_launcher
 
-from ebrl.launch import quiet_submitit_repeats
+from ebrl.launch.submitit_log import quiet_submitit_repeats
 from ebrl.runtime import slurm_cluster, slurm_env, slurm_plan
 from ebrl.signals import Preempted
 
