@@ -197,14 +197,14 @@ def test_a_replica_fed_by_the_collective_acts_as_one_fed_by_the_board(monkeypatc
     """An in-process run whose second replica is told it sits on another node (the wiring's
     nodes, faked: in-process workers have none): it loads every version from its node's board,
     filled by the leader's broadcast, and the run computes what the board-only run computes."""
-    from ebrl.schedulers.ebrl import EBRLScheduler, scheduler
+    from ebrl.schedulers.ebrl import EBRLScheduler, spawn
 
     from .test_scale_out import LOCKSTEP, cfg8, run, same
 
     cfg = cfg8()
     board, _ = run(cfg, EBRLScheduler(backend="inprocess", gen_replicas=2, **LOCKSTEP))
     fake = {"learner": "node-a", "gen": "node-a", "gen1": "node-b"}
-    monkeypatch.setattr(scheduler, "nodes_of", lambda options: fake)
+    monkeypatch.setattr(spawn, "nodes_of", lambda options: fake)
     cast, ctx = run(cfg, EBRLScheduler(backend="inprocess", gen_replicas=2, **LOCKSTEP))
     same(board, cast, rel=1e-6)
     loads = {(s.track, dict(s.args)["source"]) for s in ctx.timeline.spans if s.stage == "load"}

@@ -1,5 +1,5 @@
-"""The EBRL asynchronous pipelined scheduler: driver (scheduler.py, with
-gpu.py and restarts.py), workers, messages."""
+"""The EBRL asynchronous pipelined scheduler: driver (scheduler.py, with spawn.py, relay.py,
+reshape.py, gpu.py and restarts.py), workers, messages."""
 
 from ebrl.schedulers.ebrl.scheduler import EBRLScheduler
 

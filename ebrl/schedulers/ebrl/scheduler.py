@@ -24,7 +24,10 @@ size, and with ``resources.allocator=elastic`` Algorithm 1 re-splits them while 
 Whatever the workers change (in-process: threads of this process), the driver's affinity and torch
 threads are restored when the run ends. What the run does to its GPUs (SM quotas, placement, MPS
 or MIG, Algorithm 1's re-splits) is ``gpu.py``'s; replacing dead or re-quota'd workers is
-``restarts.py``'s.
+``restarts.py``'s. This module is the engine's top-level flow: the roles and the run's shape,
+then :meth:`EBRLScheduler._run` starts and wires the workers (``spawn.py``), relays their
+messages into the run's reports (``relay.py``), moves the run to the shapes the manager picks
+(``reshape.py``) and always shuts everything down.
 """
 
 from __future__ import annotations
@@ -34,9 +37,8 @@ import dataclasses
 import logging
 import math
 import os
-import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,40 +47,21 @@ from ebrl.resources.model import Shape, Workload
 from ebrl.resources.model import split_groups as env_groups
 from ebrl.resources.runtime import RunTimeManager
 from ebrl.resources.shape import ShapeChoice
-from ebrl.runtime.backend import InProcessBackend, RayBackend, WorkerDied
-from ebrl.runtime.channel import Inbox, Outbox, new_authkey, node_ip
+from ebrl.runtime.backend import InProcessBackend, RayBackend
+from ebrl.runtime.channel import Inbox, new_authkey, node_ip
 from ebrl.runtime.dist import STRATEGIES
 from ebrl.runtime.placement_nodes import placement_groups
 from ebrl.runtime.slots import ShmSlots, SlotSpec
-from ebrl.schedulers.base import IterationReport, RunContext, StageError
+from ebrl.schedulers.base import IterationReport, RunContext
 from ebrl.schedulers.ebrl import manage
-from ebrl.schedulers.ebrl.env_worker import EnvWorker
-from ebrl.schedulers.ebrl.gen_worker import GenWorker
 from ebrl.schedulers.ebrl.gpu import GpuFabric
-from ebrl.schedulers.ebrl.heartbeat import HeartbeatMonitor, stop_workers
-from ebrl.schedulers.ebrl.learner_worker import LearnerWorker
-from ebrl.schedulers.ebrl.messages import (
-    Applied,
-    Beat,
-    Failed,
-    Owed,
-    Report,
-    Reshape,
-    Resources,
-    Telemetry,
-)
+from ebrl.schedulers.ebrl.heartbeat import stop_workers
 from ebrl.schedulers.ebrl.rebind import home_cores
+from ebrl.schedulers.ebrl.relay import keep_last_spans, relay
+from ebrl.schedulers.ebrl.reshape import reshape
 from ebrl.schedulers.ebrl.restarts import Restarts
-from ebrl.schedulers.ebrl.wiring import (
-    DRIVER,
-    Roles,
-    gen_name,
-    learner_name,
-    nodes_of,
-    sim_name,
-    weight_routes,
-    wire,
-)
+from ebrl.schedulers.ebrl.spawn import Spawner
+from ebrl.schedulers.ebrl.wiring import DRIVER, Roles
 from ebrl.schedulers.ebrl.worker import Schedule
 from ebrl.utilisation import ray_local_gpus
 
@@ -182,7 +165,6 @@ class EBRLScheduler:
                 f"scheduler.device={self.device!r}: null (the roles with a GPU share compute "
                 "on it) or cpu (a dry run of a GPU configuration on the cores)"
             )
-        self._unlogged_shape: ShapeChoice | None = None
         if self.rebind and self.step_level is False:
             raise ValueError("scheduler.rebind needs scheduler.step_level=true (level 3)")
         if self.backend not in ("ray", "inprocess"):
@@ -343,7 +325,8 @@ class EBRLScheduler:
             yield from self._run(ctx)
 
     def _run(self, ctx: RunContext) -> Iterator[IterationReport]:
-        """Start the roles, wire them (``wiring.wire``), relay; always shut everything down."""
+        """Start the roles and wire them (``spawn.py``), relay their reports (``relay.py``);
+        always shut everything down."""
         self.check_resources(ctx)
         roles = self.roles(ctx)
         backend = (
@@ -375,33 +358,19 @@ class EBRLScheduler:
                 int(ctx.factory.cfg["num_envs"]) * ctx.decisions_per_env // roles.ranks,
             )
             options = self.gpu.place(roles, backend, ctx.run_dir, placement_groups(ctx.factory.cfg))
-
-            def spawn(name: str, role: str, cls: type, *args: Any) -> Any:
-                placed = options.get(name)  # it carries the role's custom resources
-                h = backend.spawn(
-                    name, cls, *args, resources=None if placed else res.get(role), options=placed
-                )
-                handles.append(h)
-                return h
-
-            factory = ctx.factory
-            sims = [
-                spawn(sim_name(w), "sim", EnvWorker, w, ids, factory, authkey, host)
-                for w, ids in enumerate(roles.sims)
-            ]
-            # sim workers build their envs first: they report the spec the policy is built from
-            for h in sims:
-                book[h.name], spec = h.open()
-            n, k = int(factory.cfg["num_envs"]), int(factory.cfg["chunk_size"])
+            spawner = Spawner(backend, options, res, authkey, host, handles, book)
+            # env workers build their envs first: they report the spec the policy is built from
+            spec = spawner.sims(roles, ctx.factory)
+            n, k = int(ctx.factory.cfg["num_envs"]), int(ctx.factory.cfg["chunk_size"])
             slots = ShmSlots.create(n, spec.obs_dim, k, spec.action_dim)
-            factory = factory.with_spec(spec)
+            factory = ctx.factory.with_spec(spec)
             shape, self.shape_choice = self.shape(dataclasses.replace(ctx, factory=factory), roles)
             trials = None
             if self.shape_choice is not None:
                 shape, self.shape_choice, trials = manage.start_trials(
                     self.shape_choice, factory.cfg, self.reshape_window, ctx.run_dir
                 )
-            self._unlogged_shape = self.shape_choice
+            searched = self.shape_choice  # the first report logs it
             plan = self.plan(ctx, roles, slots.spec, shape)
             manager = manage.setup(
                 factory,
@@ -417,39 +386,19 @@ class EBRLScheduler:
             plan = manage.with_resources(plan, roles, manager)
             self.gpu.start_resplitter(factory.cfg, manager)
             gen_device = self.gpu.device_of("gen")
-            gens = [
-                spawn(gen_name(r), "gen", GenWorker, factory, authkey, host, r, gen_device)
-                for r in range(roles.replicas)
-            ]
-            learners = []
-            for rank in range(roles.ranks):
-                args = (
-                    rank,
-                    roles.ranks,
-                    self.weight_board,
-                    os.getpid(),
-                    self.gpu.device_of("learner"),
-                    self.learner_strategy,
-                )
-                learners.append(
-                    spawn(
-                        learner_name(rank), "learner", LearnerWorker, factory, authkey, host, *args
-                    )
-                )
-            for h in gens:
-                book[h.name] = h.open()
-            opened = [h.open() for h in learners]  # (inbox, rendezvous, board spec) each
-            for h, (address, _, _) in zip(learners, opened, strict=True):
-                book[h.name] = address
+            gens, learners, board, dist = spawner.stages(
+                roles,
+                factory,
+                gen_device,
+                self.gpu.device_of("learner"),
+                self.weight_board,
+                self.learner_strategy,
+            )
             gpu_roles = (gens if self.gen_gpus > 0 else []) + (
                 learners if self.learner_gpus > 0 else []
             )
             self.gpu.record_env(gpu_roles, ctx.run_dir)
-            _, dist, board = opened[0]  # the leader's
-            links = wire(roles, book, board, dist, nodes_of(options))
-            log.info("%s", weight_routes(roles, links))
-            for h in handles:
-                h.start(links[h.name], plan)
+            spawner.start(roles, board, dist, plan)
             if manager is not None and manager.elastic is not None:
                 to_stages = manage.ManagerLinks(book, authkey)
             restarts = Restarts(
@@ -459,9 +408,12 @@ class EBRLScheduler:
             if manager is not None:
                 manager.connect(
                     send_split=to_stages.send if to_stages is not None else None,
-                    send_shape=lambda shape: self._reshape(shape, restarts),
+                    send_shape=lambda shape: reshape(shape, restarts),
                 )
-            yield from self._relay(inbox, handles, ctx, plan, manager, restarts, unread)
+            yield from relay(
+                inbox, handles, ctx, plan, self.gpu, self.hang_timeout_s, manager, restarts,
+                unread, searched, on_choice=self._chose,
+            )  # fmt: skip
         finally:
             if manager is not None:
                 manager.close()
@@ -472,147 +424,10 @@ class EBRLScheduler:
             self._shutdown(inbox, handles, backend, slots, book, authkey, ctx.timeline, unread)
             self.gpu.stop_mps()  # already stopped by _shutdown, unless it failed before
 
-    def _relay(
-        self,
-        inbox: Inbox,
-        handles: list,
-        ctx: RunContext,
-        plan: Schedule,
-        manager: RunTimeManager | None = None,
-        restarts: Restarts | None = None,
-        unread: deque[Any] | None = None,
-    ):
-        """Yield the learner's reports; merge telemetry; replace dead env workers; turn any
-        other failure into a StageError. ``unread`` holds what was read and not handled when
-        the caller stops at a report (the shutdown keeps its spans)."""
-        by_worker: dict[str, dict[str, float]] = {}  # each worker's latest gauges
-        beats = HeartbeatMonitor(self.hang_timeout_s, handles)
-
-        def report(m: Report) -> IterationReport:
-            arrived = time.perf_counter()  # before the manager's work on it
-            metrics = {**m.metrics, **merge_gauges(by_worker)}
-            metrics["pipeline/staleness_bound"] = float(plan.staleness)
-            if restarts is not None:
-                metrics["fault/env_worker_restarts"] = float(restarts.sims)
-                metrics["fault/gen_restarts"] = float(restarts.gens)
-            if manager is not None:  # the trials, the shape watch, Algorithm 1 may move
-                metrics.update(manager.report(m.iteration, m.env_steps, metrics))
-                if manager.choice is not None:
-                    self.shape_choice = manager.choice
-                if restarts is not None:
-                    gpu = self.gpu.resplit(
-                        m.iteration, m.env_steps, metrics, manager, restarts, handles, ctx.run_dir
-                    )
-                    metrics.update(gpu)
-            params: dict[str, Any] = {}
-            choice, self._unlogged_shape = self._unlogged_shape, None
-            if choice is not None:  # the first report carries the shape search's outcome
-                params = choice.params()
-                metrics.update(choice.metrics())
-            params.update(self.gpu.unlogged_params())  # how the GPUs were shared, re-splits
-            return IterationReport(m.iteration, m.env_steps, metrics, params, arrived)
-
-        def telemetry(m: Telemetry) -> None:
-            for span in m.spans:
-                ctx.timeline.add(span)
-            g = dict(m.gauges)
-            if manager is not None:
-                manager.gauges(g)
-            for k in manage.COUNTERS:  # the manager's inputs, not run metrics
-                g.pop(k, None)
-            by_worker.setdefault(m.worker, {}).update(g)
-
-        def failed(m: Failed) -> None:
-            raise StageError(m.worker, f"{m.error}\n--- worker traceback ---\n{m.traceback}")
-
-        # who reacts to what on the driver (a handler's non-None result is yielded); the
-        # workers' tables are their ``handlers`` (the *_worker.py modules)
-        handlers: dict[type, Callable[[Any], IterationReport | None]] = {
-            Report: report,
-            Telemetry: telemetry,
-            Beat: lambda m: beats.seen(m.worker),
-            Failed: failed,
-            Owed: lambda m: restarts.replace(m, handles) if restarts is not None else None,
-            Applied: lambda m: manage.acknowledge(manager, m) if manager is not None else None,
-        }
-        unread = deque() if unread is None else unread
-        while True:
-            if not unread:
-                unread.extend(inbox.recv(timeout=0.5))
-            while unread:
-                m = unread.popleft()
-                handle = handlers.get(type(m))
-                if handle is not None and (out := handle(m)) is not None:
-                    yield out
-            self._check_alive(handles, beats, restarts)
-
-    @staticmethod
-    def _check_alive(handles: list, beats: HeartbeatMonitor, restarts: Restarts | None) -> None:
-        """Kill a hung worker (no heartbeat) and replace a dead one where it can be replaced;
-        any other hung, dead or finished worker stops the run with a StageError."""
-        for h, silent in beats.hung():
-            if restarts is None or not restarts.replaceable(h) or not hasattr(h, "kill"):
-                raise StageError(
-                    h.name,
-                    f"no heartbeat for {silent:.0f} s: its process is alive but hung "
-                    "(frozen, or stuck in native code holding the GIL); "
-                    "scheduler.hang_timeout_s sets the limit",
-                )
-            log.warning("%s: no heartbeat for %.0f s; killing it", h.name, silent)
-            h.kill()  # Ray then reports it dead, and it is replaced below
-        for h in handles:
-            if restarts is not None and h in restarts.dead:
-                continue
-            try:
-                finished = h.poll()
-            except WorkerDied as e:
-                if restarts is None or not restarts.replaceable(h):
-                    raise StageError(h.name, f"{type(e).__name__}: {e}") from e
-                restarts.died(h, str(e), handles)
-                continue
-            except Exception as e:
-                raise StageError(h.name, f"{type(e).__name__}: {e}") from e
-            if finished:
-                raise StageError(h.name, "the worker left its loop without being stopped")
-
-    def _reshape(self, new: Shape, restarts: Restarts) -> None:
-        """Send ``new`` to every replica and env worker (they switch between two batches), and
-        its threads, where they differ from the running ones, to the replica and the learner
-        ranks; new processes start with it too."""
-        plan = dataclasses.replace(
-            restarts.plan,
-            groups=env_groups(restarts.plan.workers, new.groups),
-            step_level=new.step_level,
-            batch_min=new.batch_min,
-            batch_max=new.batch_max,
-        )
-        shape = Reshape(plan.groups, new.step_level, new.batch_min, new.batch_max)
-        sends: dict[str, list[Any]] = {
-            name: [shape]
-            for name in restarts.book
-            if name != DRIVER and not name.startswith("learner")
-        }
-        if new.threads is not None and plan.train_resources is not None:
-            # one replica (the search runs with one); seq 0: not one of Algorithm 1's moves
-            gen = dataclasses.replace(plan.gen_resources[0], seq=0, threads=new.threads[0])
-            train = dataclasses.replace(plan.train_resources, seq=0, threads=new.threads[1])
-            if (gen.threads, train.threads) != (
-                plan.gen_resources[0].threads,
-                plan.train_resources.threads,
-            ):
-                for name in restarts.book:
-                    if name.startswith(("gen", "learner")):
-                        split = gen if name.startswith("gen") else train
-                        sends.setdefault(name, []).append(Resources(0, split.threads, split.cores))
-                plan = dataclasses.replace(plan, gen_resources=(gen,), train_resources=train)
-        restarts.plan = plan
-        log.info("shape: running %s", new.describe())
-        for name, msgs in sends.items():
-            with contextlib.suppress(OSError):  # a dead worker's replacement starts with it
-                out = Outbox(restarts.book[name], restarts.authkey, retries=5)
-                for m in msgs:
-                    out.send(m)
-                out.close()
+    def _chose(self, choice: ShapeChoice) -> None:
+        """The resource manager's shape choice, kept as the run's (the trials, the shape watch
+        and the recalibration at the end may change it)."""
+        self.shape_choice = choice
 
     def _shutdown(self, inbox, handles, backend, slots, book, authkey, timeline, unread=()) -> None:
         """Stop every worker (politely, then by force), keep the spans of the messages read
@@ -627,60 +442,9 @@ class EBRLScheduler:
         with contextlib.suppress(Exception):  # after its clients, before Ray goes
             self.gpu.stop_mps()
         with contextlib.suppress(Exception):
-            _keep_last_spans(inbox, timeline, list(unread))
+            keep_last_spans(inbox, timeline, list(unread))
         with contextlib.suppress(Exception):
             backend.shutdown()
         inbox.close()
         if slots is not None:
             slots.close()
-
-
-def _keep_last_spans(
-    inbox: Inbox,
-    timeline: Any,
-    unread: list[Any] | None = None,
-    quiet_s: float = 0.1,
-    limit_s: float = 2.0,
-) -> None:
-    """Add to ``timeline`` the spans of ``unread`` (messages the run's loop read and did not
-    handle before it stopped) and of the workers' final flushes (each worker sends one when
-    it stops; the run's loop no longer reads them): read until the inbox stays quiet for
-    ``quiet_s``, for at most ``limit_s``. Without it a short run's timeline misses its last
-    spans, those since each worker's previous (throttled) flush."""
-    deadline = time.monotonic() + limit_s
-    msgs = list(unread or ())
-    while True:
-        for m in msgs:
-            if isinstance(m, Telemetry):
-                for span in m.spans:
-                    timeline.add(span)
-        if time.monotonic() >= deadline:
-            return
-        msgs = inbox.recv(timeout=quiet_s)
-        if not msgs:
-            return
-
-
-#: gauges each replica reports whose run value is the oldest, not a sum
-_MIN_GAUGES = ("pipeline/gen_version",)
-
-
-def merge_gauges(by_worker: dict[str, dict[str, float]]) -> dict[str, float]:
-    """The run's gauges from each worker's latest: a gauge only one worker reports is its value;
-    one several replicas report is summed (counts), averaged (``*_mean``) or the oldest
-    (``pipeline/gen_version``)."""
-    values: dict[str, list[float]] = {}
-    for g in by_worker.values():
-        for k, v in g.items():
-            values.setdefault(k, []).append(v)
-    out = {}
-    for k, vs in values.items():
-        if len(vs) == 1:
-            out[k] = vs[0]
-        elif k in _MIN_GAUGES:
-            out[k] = min(vs)
-        elif k.endswith("_mean"):
-            out[k] = sum(vs) / len(vs)
-        else:
-            out[k] = sum(vs)
-    return out

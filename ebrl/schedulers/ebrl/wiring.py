@@ -13,7 +13,7 @@ with levels switched off) has the same roles:
 The traffic, the one copy of this diagram (docs/architecture.md points here); the arrows are
 :class:`~ebrl.runtime.channel.Outbox` -> inbox links unless said. Who reacts to each message at
 its receiving end is a table: each worker's ``handlers`` (``env_worker.py``, ``gen_worker.py``,
-``learner_worker.py``) and the driver's in ``EBRLScheduler._relay`` (``scheduler.py``)::
+``learner_worker.py``) and the driver's in ``relay`` (``relay.py``)::
 
     sim w    --Hello, Ready(ids)-->   gen r(w)        observations in the shared slots
     gen r    --Go(ids)-->             sim w           action chunks in the shared slots
