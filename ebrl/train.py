@@ -26,7 +26,7 @@ from omegaconf import DictConfig, OmegaConf
 from ebrl import ledger
 from ebrl.choices import class_name, run_choices
 from ebrl.config import ConfigError, ResourcesNode, RunConfig, class_of, register, validate
-from ebrl.run.evaluation import evaluate_curve, evaluate_final
+from ebrl.run.evaluation import evaluate_after_training
 from ebrl.run.metrics import MetricsFile, RunMeter, budget_spent
 from ebrl.run.report import Summary, account, open_tracker, write_outputs
 from ebrl.run.resume import config_hash, resume
@@ -113,10 +113,9 @@ def train(cfg: DictConfig) -> Summary:
                 if meter.spent(run):
                     break
             reports.close()  # stop the stages (and their CPU use) before evaluating
-            if run.eval.every_iters > 0:
-                evaluate_curve(run, ctx.factory, snap_dir, metrics_file, summary, tracker)
-            if run.eval.episodes > 0:
-                evaluate_final(run, ctx.factory, ckpt_path, summary, tracker)
+            evaluate_after_training(
+                run, ctx.factory, ckpt_path, snap_dir, metrics_file, summary, tracker
+            )
             stop.disarm()  # done: a signal from here on cannot make it less than FINISHED
         except BaseException as e:
             stop.disarm()  # a second signal must not cut this clean-up short

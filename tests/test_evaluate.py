@@ -94,3 +94,48 @@ def test_late_eval_reevaluates_a_finished_runs_late_policies(tiny_cfg, tmp_path)
     (run_dir / "late_eval.json").unlink()
     with pytest.raises(SystemExit, match="not the same measurement"):
         evaluate_run(run_dir, last=2, episodes=3)
+
+
+def test_evaluations_on_two_processes_are_those_of_one(tiny_cfg, tmp_path):
+    """eval.workers=2: the same curve and final figures, logged in the same order, as in the
+    run's own process; each evaluation is one job, whichever process runs it."""
+    from ebrl.config import RunConfig
+    from ebrl.run.evaluation import EvalJob, run_jobs
+
+    over = ["eval.episodes=3", "eval.every_iters=1", "eval.curve_episodes=2", "eval.workers=2"]
+    cfg = tiny_cfg(over)
+    s = train(cfg)
+    run_dir = tmp_path / "run"
+    curve = (run_dir / "eval_curve.csv").read_text().splitlines()
+    assert [int(r.split(",")[0]) for r in curve[1:]] == [1, 2, 3]
+    assert s.eval_episodes == 3 and s.eval_policy_version == s.iterations
+    # the jobs' results on two processes and on one: equal, field for field but the time
+    jobs = [EvalJob(str(p), 2) for p in sorted((run_dir / "snapshots").glob("v*.pt"))]
+    jobs.append(EvalJob(str(run_dir / "checkpoint.pt"), 3))
+    factory = StageFactory.from_config(cfg)
+    run = OmegaConf.to_object(cfg)
+    assert isinstance(run, RunConfig)
+    two = run_jobs(run, factory, jobs)
+    run.eval.workers = 1
+    one = run_jobs(run, factory, jobs)
+    assert [(r.policy_version, r.episodes, r.successes, r.mean_return) for r in two] == [
+        (r.policy_version, r.episodes, r.successes, r.mean_return) for r in one
+    ]
+    assert [r.policy_version for r in one] == [1, 2, 3, 3]
+    assert len({r.mean_return for r in one}) > 1  # the weights differ, so do the returns
+
+
+def test_a_failed_evaluation_process_fails_the_run_naming_the_error(tiny_cfg, tmp_path):
+    from ebrl.run.evaluation import EvalJob, run_jobs
+
+    cfg = tiny_cfg(["eval.workers=2"])
+    run = OmegaConf.to_object(cfg)
+    factory = StageFactory.from_config(cfg)
+    missing = [EvalJob(str(tmp_path / "nowhere.pt"), 1)] * 2
+    with pytest.raises(FileNotFoundError, match=r"nowhere\.pt"):
+        run_jobs(run, factory, missing)
+
+
+def test_eval_workers_must_be_positive(tiny_cfg):
+    with pytest.raises(ConfigError, match=r"eval\.workers=0"):
+        validate(tiny_cfg(["eval.workers=0"]))

@@ -276,3 +276,57 @@ def test_update_reports_the_learning_rate():
     ppo = PPO(pol, PPOConfig(update_epochs=1, num_minibatches=1, lr_decay_steps=10**9))
     assert ppo.update(_bandit_segment(pol))["train/lr"] == pytest.approx(3e-4)
     assert ppo.update(_bandit_segment(pol))["train/lr"] < 3e-4
+
+
+def _actor_critic(pol):
+    actor = {k: v.clone() for k, v in pol.state_dict().items() if not k.startswith("critic.")}
+    critic = {k: v.clone() for k, v in pol.state_dict().items() if k.startswith("critic.")}
+    return actor, critic
+
+
+def _same(a, b):
+    return all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_a_critic_warm_up_holds_the_actor_and_counts_through_a_checkpoint():
+    torch.manual_seed(0)
+    pol = MLPPolicy(PolicySpec(O, A, 2), hidden=32, layers=2)
+    cfg = PPOConfig(update_epochs=2, num_minibatches=2, critic_warmup_updates=2)
+    ppo = PPO(pol, cfg)
+    for _ in range(2):  # the warm-up: the critic moves, the actor and its log-std do not
+        actor, critic = _actor_critic(pol)
+        m = ppo.update(_bandit_segment(pol))
+        after_actor, after_critic = _actor_critic(pol)
+        assert m["train/critic_only"] == 1.0
+        assert _same(actor, after_actor) and not _same(critic, after_critic)
+        assert m["train/approx_kl"] == pytest.approx(0.0, abs=1e-6)
+        assert m["train/epochs_run"] == 2  # a KL of 0 never stops a warm-up update
+    # a resumed run (the optimiser's state restored) counts on: the actor now trains
+    resumed = PPO(pol, cfg)
+    resumed.optimizer.load_state_dict(ppo.optimizer.state_dict())
+    actor, _ = _actor_critic(pol)
+    m = resumed.update(_bandit_segment(pol))
+    assert m["train/critic_only"] == 0.0
+    assert not _same(actor, _actor_critic(pol)[0])
+    # no warm-up (the default): the actor trains from the first update
+    fresh = MLPPolicy(PolicySpec(O, A, 2), hidden=32, layers=2)
+    actor, _ = _actor_critic(fresh)
+    assert (
+        PPO(fresh, PPOConfig(update_epochs=1)).update(_bandit_segment(fresh))["train/critic_only"]
+        == 0.0
+    )
+    assert not _same(actor, _actor_critic(fresh)[0])
+
+
+@pytest.mark.parametrize(
+    ("kw", "says"),
+    [
+        ({"critic_warmup_updates": -1}, "integer >= 0"),
+        ({"critic_warmup_updates": 1.5}, "integer >= 0"),
+        ({"critic_warmup_updates": 3, "vf_coef": 0.0}, "vf_coef > 0"),
+    ],
+)
+def test_a_bad_critic_warm_up_is_refused_naming_the_key(kw, says):
+    with pytest.raises(ValueError, match=r"algo\.cfg\.critic_warmup_updates") as e:
+        PPOConfig(**kw)
+    assert says in str(e.value)

@@ -137,6 +137,16 @@ def anneal_lr(optimizer: torch.optim.Optimizer, cfg: ClipConfig, steps: int) -> 
     return lr
 
 
+def count_update(optimizer: torch.optim.Optimizer) -> int:
+    """Count one more update in the optimiser's state (checkpointed with it, like
+    :func:`anneal_lr`'s env steps); returns the updates made before this one."""
+    group = optimizer.param_groups[0]
+    done = int(group.get("ebrl_updates", 0))
+    for g in optimizer.param_groups:
+        g["ebrl_updates"] = done + 1
+    return done
+
+
 @dataclass(slots=True)
 class PolicyLoss:
     """The clipped policy loss of a minibatch and its diagnostics."""
@@ -310,8 +320,13 @@ def sgd_update(
     extra_loss: ExtraLoss | None = None,
     dp: DataParallel = SOLO,
     micro_batch: int | None = None,
+    train_actor: bool = True,
 ) -> dict[str, float]:
     """Epochs of shuffled minibatch SGD on the decoupled PPO loss, with KL early stopping.
+
+    ``train_actor`` False (a critic warm-up): only the value loss is back-propagated, so the
+    actor's parameters get no gradient and keep their weights (their policy loss and KL are
+    still measured and returned; the KL is then 0 and never stops the update).
 
     Like ManiSkill's PPO baseline, a minibatch whose approx KL exceeds ``target_kl`` is not
     applied and ends the whole update. With ``vf_coef == 0`` the critic is not evaluated at all.
@@ -378,7 +393,9 @@ def sgd_update(
             optimizer.zero_grad(set_to_none=True)
             got = _Shares()
             for part in parts:
-                _micro_pass(policy, batch, part, cfg, got, norm, adv_stats, vf_coef, extra_loss)
+                _micro_pass(
+                    policy, batch, part, cfg, got, norm, adv_stats, vf_coef, extra_loss, train_actor
+                )
             kl, clipfrac = got.kl, got.clipfrac
             if not solo:  # the whole minibatch's: every rank takes the same stop decision
                 kl, clipfrac = dp.sum_floats([kl, clipfrac])
@@ -476,6 +493,7 @@ def _micro_pass(
     adv_stats: tuple[Tensor, Tensor] | None,
     vf_coef: float,
     extra_loss: ExtraLoss | None,
+    train_actor: bool = True,
 ) -> None:
     """Forward and backward of the decisions ``sidx`` (a micro-batch of this rank's part of a
     minibatch), the gradients added to the parameters' and the losses to ``got``.
@@ -515,7 +533,8 @@ def _micro_pass(
         stat_denom=stat_denom,
     )
     ent = mean(entropy)
-    loss = pl.loss - cfg.ent_coef * ent
+    # a critic warm-up back-propagates the value loss alone: the actor gets no gradient
+    loss = pl.loss - cfg.ent_coef * ent if train_actor else torch.zeros(())
     v_loss = torch.zeros(())
     if vf_coef != 0.0:
         v = policy.value(obs, batch.extras_of(sidx))  # [b]
@@ -523,7 +542,8 @@ def _micro_pass(
         loss = loss + vf_coef * v_loss
     if extra_loss is not None:
         extra, extra_log = extra_loss(d, sidx, mean)
-        loss = loss + extra
+        if train_actor:
+            loss = loss + extra
         got.extra += extra_log
     loss.backward()
     got.policy_loss += pl.loss.item()

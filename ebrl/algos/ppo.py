@@ -18,6 +18,7 @@ from ebrl.algos.loss import (
     FlatBatch,
     anneal_lr,
     behaviour_stats,
+    count_update,
     explained_variance,
     optimizer_to,
     row_slices,
@@ -41,6 +42,26 @@ class PPOConfig(ClipConfig):
     """Value loss coefficient; value loss is 0.5 * (V - returns)^2, unclipped."""
     bootstrap_at_done: bool = True
     """Bootstrap V(final_obs) on termination too (ManiSkill's 'always'); truncation always does."""
+    critic_warmup_updates: int = 0
+    """The first this many updates train the critic only, the actor and its log-std held: from a
+    warm-started actor (``init_checkpoint``) with a fresh critic, the actor's first steps then
+    follow advantages of a critic fitted to the clone's own returns, not a random critic's
+    noise. Counted in the optimiser's state, so a resumed run does not warm up again."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        w = self.critic_warmup_updates
+        if isinstance(w, bool) or not isinstance(w, int) or w < 0:
+            raise ValueError(
+                f"algo.cfg.critic_warmup_updates={w!r}: the updates that train the critic only "
+                "must be an integer >= 0 (0: none)"
+            )
+        if w and self.vf_coef == 0.0:
+            raise ValueError(
+                f"algo.cfg.critic_warmup_updates={w} with algo.cfg.vf_coef=0: a warm-up trains "
+                "the critic only, and vf_coef 0 trains no critic; set vf_coef > 0 or "
+                "critic_warmup_updates=0"
+            )
 
 
 class PPO:
@@ -119,6 +140,7 @@ class PPO:
         )
         w_mean, dropped = behaviour_stats(prox, behav, cfg.behave_weight_threshold)
         lr = anneal_lr(self.optimizer, cfg, seg.num_steps)
+        warming = count_update(self.optimizer) < cfg.critic_warmup_updates
         stats = sgd_update(
             policy,
             self.optimizer,
@@ -128,6 +150,7 @@ class PPO:
             vf_coef=cfg.vf_coef,
             dp=self.dp,
             micro_batch=self.micro_batch,
+            train_actor=not warming,
         )
         policy.version += 1
         return {
@@ -141,6 +164,7 @@ class PPO:
             "train/explained_variance": explained_variance(value.flatten(), returns.flatten()),
             "train/epochs_run": stats["epochs_run"],
             "train/lr": lr,
+            "train/critic_only": float(warming),
             "pipeline/staleness_mean": float(staleness.mean()),
             "pipeline/staleness_max": float(staleness.max()),
         }

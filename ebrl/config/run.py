@@ -140,6 +140,9 @@ class EvalConfig:
     #: auto: the simulator's fixed initial states where it has them (LIBERO), whatever the run
     #: trained from; fixed: those (an error where there are none); train: the run's own
     init_states: EvalInitStates = EvalInitStates.auto
+    #: processes the evaluations after training run on, at once (the snapshots and the final
+    #: weights: each on one of them; the results do not depend on it); 1: in the run's process
+    workers: int = 1
 
     def __post_init__(self) -> None:
         _check(
@@ -147,6 +150,11 @@ class EvalConfig:
             f"eval.episodes={self.episodes}, eval.num_envs={self.num_envs}, "
             f"eval.every_iters={self.every_iters}: need episodes >= 0, num_envs >= 1 and "
             "every_iters >= 0",
+        )
+        _check(
+            self.workers >= 1,
+            f"eval.workers={self.workers}: the evaluation's processes must be >= 1 (1: in the "
+            "run's own process)",
         )
         _check(
             self.every_iters == 0 or self.curve_episodes >= 1,
