@@ -256,7 +256,7 @@ def test_explained_variance_nan_safe():
 
 
 def test_learning_rate_decays_over_env_steps_and_survives_a_checkpoint():
-    from ebrl.algos.loss import anneal_lr
+    from ebrl.algos.optim import anneal_lr
 
     pol = MLPPolicy(PolicySpec(O, A, 2), hidden=8, layers=1)
     cfg = PPOConfig(lr=1e-3, lr_decay_steps=1000)

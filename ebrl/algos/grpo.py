@@ -26,12 +26,11 @@ import torch
 from ebrl.algos.loss import (
     ClipConfig,
     FlatBatch,
-    anneal_lr,
     behaviour_stats,
-    optimizer_to,
     row_slices,
     sgd_update,
 )
+from ebrl.algos.optim import anneal_lr, optimizer_to
 from ebrl.algos.returns import group_relative_advantages
 from ebrl.policies.base import Policy
 from ebrl.runtime.dist import SOLO, DataParallel

@@ -119,34 +119,6 @@ class ClipConfig:
             )
 
 
-def anneal_lr(optimizer: torch.optim.Optimizer, cfg: ClipConfig, steps: int) -> float:
-    """Set the optimiser's learning rate for an update after ``steps`` env steps of training and
-    count the steps where the optimiser's state (checkpointed with it) keeps them.
-
-    Returns:
-        The learning rate set.
-    """
-    group = optimizer.param_groups[0]
-    done = int(group.get("ebrl_env_steps", 0))  # saved and restored by torch's state_dict
-    lr = cfg.lr
-    if cfg.lr_decay_steps:
-        lr = cfg.lr * max(0.0, 1.0 - done / cfg.lr_decay_steps)
-    for g in optimizer.param_groups:
-        g["lr"] = lr
-        g["ebrl_env_steps"] = done + steps
-    return lr
-
-
-def count_update(optimizer: torch.optim.Optimizer) -> int:
-    """Count one more update in the optimiser's state (checkpointed with it, like
-    :func:`anneal_lr`'s env steps); returns the updates made before this one."""
-    group = optimizer.param_groups[0]
-    done = int(group.get("ebrl_updates", 0))
-    for g in optimizer.param_groups:
-        g["ebrl_updates"] = done + 1
-    return done
-
-
 @dataclass(slots=True)
 class PolicyLoss:
     """The clipped policy loss of a minibatch and its diagnostics."""
@@ -573,15 +545,6 @@ def _minibatch_normalisers(batch: FlatBatch, idx: Tensor, cfg: ClipConfig) -> tu
         behave_weight_threshold=cfg.behave_weight_threshold,
         mask=mask,
     )
-
-
-def optimizer_to(optimizer: torch.optim.Optimizer, device: torch.device | str) -> None:
-    """Move an optimiser's state tensors to ``device`` (after its parameters were moved), as
-    ``load_state_dict`` places them; Adam's ``step`` counters stay where they are."""
-    for state in optimizer.state.values():
-        for key, value in state.items():
-            if key != "step" and torch.is_tensor(value):
-                state[key] = value.to(device)
 
 
 def behaviour_stats(

@@ -16,14 +16,12 @@ import torch
 from ebrl.algos.loss import (
     ClipConfig,
     FlatBatch,
-    anneal_lr,
     behaviour_stats,
-    count_update,
     explained_variance,
-    optimizer_to,
     row_slices,
     sgd_update,
 )
+from ebrl.algos.optim import anneal_lr, count_update, optimizer_to
 from ebrl.algos.returns import chunk_returns, gae
 from ebrl.policies.base import Policy
 from ebrl.runtime.dist import SOLO, DataParallel

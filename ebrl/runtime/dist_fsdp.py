@@ -205,7 +205,7 @@ def shard_optimizer(
     ``optimizer`` (over ``module``'s parameters, with whatever state it has: a resumed
     checkpoint's) is rebuilt, same class, same settings and param groups, on the sharded
     parameters, and its state is sharded like them; step counters and every param-group entry
-    (learning rate, the env steps :func:`ebrl.algos.loss.anneal_lr` counts) carry over.
+    (learning rate, the env steps :func:`ebrl.algos.optim.anneal_lr` counts) carry over.
 
     Returns:
         The new optimiser; the old one must not be stepped again.

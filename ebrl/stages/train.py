@@ -19,7 +19,8 @@ from typing import Protocol
 import torch
 from torch import nn
 
-from ebrl.algos.loss import optimizer_to, row_slices
+from ebrl.algos.loss import row_slices
+from ebrl.algos.optim import optimizer_to
 from ebrl.memory import micro_batch_for
 from ebrl.policies.base import Policy
 from ebrl.runtime.dist import SOLO, DataParallel
