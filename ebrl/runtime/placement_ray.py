@@ -6,7 +6,7 @@ process runs with, read inside it (:func:`record_role_env`).
 The placements are :func:`ebrl.runtime.placement.place`'s. The driver side calls
 :func:`ray_options` and :func:`record_role_env` (``ebrl.schedulers.ebrl.gpu``'s ``GpuFabric``,
 ``baselines/colocated_ranks.py``); each GPU role's process calls :func:`pin_planned_gpus` first
-thing (``ebrl.schedulers.ebrl.workers``, the Colocated ranks).
+thing (``ebrl.schedulers.ebrl.worker``, the Colocated ranks).
 """
 
 from __future__ import annotations
