@@ -127,6 +127,27 @@ def test_the_factory_builds_every_stage_from_the_init_weights_at_version_0(tmp_p
             assert torch.equal(built.state_dict()[k], v), k
 
 
+def test_init_std_scale_narrows_the_clones_gaussian_in_every_stage_and_nothing_else(tmp_path):
+    policy = _policy(_tiny())
+    path = save_init_checkpoint(tmp_path / "bc.pt", policy, {})
+    factory = StageFactory.from_config(_tiny([f"init_checkpoint={path}", "init_std_scale=0.25"]))
+    factory = factory.with_spec(factory.make_env(0).spec)
+    for built in (factory.gen().policy, factory.train().algo.policy):
+        for k, v in policy.state_dict().items():
+            if k == "log_std":  # std x 0.25
+                assert torch.allclose(built.log_std.exp(), v.exp() * 0.25), k
+            else:
+                assert torch.equal(built.state_dict()[k], v), k
+
+
+@pytest.mark.parametrize("extra", [["init_std_scale=0"], ["init_std_scale=0.5"]])
+def test_a_bad_init_std_scale_is_refused_naming_the_key(tmp_path, extra):
+    path = save_init_checkpoint(tmp_path / "bc.pt", _policy(_tiny()), {})
+    given = [f"init_checkpoint={path}"] if extra == ["init_std_scale=0"] else []
+    with pytest.raises(ConfigError, match=r"init_std_scale=0\.?5?.*needs an init_checkpoint"):
+        validate(_tiny([*given, *extra], tmp_path))
+
+
 # --- init_checkpoint through python -m ebrl.train ---------------------------------------------
 def _bc_checkpoint(tmp_path: Path) -> tuple[Path, dict[str, torch.Tensor]]:
     policy = _policy(_tiny())

@@ -137,7 +137,8 @@ class StageFactory:
         if self.cfg.get("init_checkpoint"):  # a fresh run from given weights (e.g. SFT's)
             from ebrl.sft.checkpoint import load_init_weights
 
-            load_init_weights(policy, self.cfg["init_checkpoint"])
+            scale = float(self.cfg.get("init_std_scale", 1.0))
+            load_init_weights(policy, self.cfg["init_checkpoint"], std_scale=scale)
         return policy
 
     def gen(self, device: str = "cpu", incarnation: int = 0) -> GenStage:
