@@ -140,12 +140,18 @@ def test_init_std_scale_narrows_the_clones_gaussian_in_every_stage_and_nothing_e
                 assert torch.equal(built.state_dict()[k], v), k
 
 
-@pytest.mark.parametrize("extra", [["init_std_scale=0"], ["init_std_scale=0.5"]])
-def test_a_bad_init_std_scale_is_refused_naming_the_key(tmp_path, extra):
-    path = save_init_checkpoint(tmp_path / "bc.pt", _policy(_tiny()), {})
-    given = [f"init_checkpoint={path}"] if extra == ["init_std_scale=0"] else []
-    with pytest.raises(ConfigError, match=r"init_std_scale=0\.?5?.*needs an init_checkpoint"):
-        validate(_tiny([*given, *extra], tmp_path))
+@pytest.mark.parametrize("bad", ["0", "-0.5"])
+def test_a_bad_init_std_scale_is_refused_naming_the_key(tmp_path, bad):
+    with pytest.raises(ConfigError, match=rf"init_std_scale={bad}.*> 0"):
+        validate(_tiny([f"init_std_scale={bad}"], tmp_path))
+
+
+def test_init_std_scale_narrows_a_fresh_policy_too(tmp_path):
+    one = StageFactory.from_config(_tiny())
+    one = one.with_spec(one.make_env(0).spec)
+    half = StageFactory.from_config(_tiny(["init_std_scale=0.5"]))
+    half = half.with_spec(half.make_env(0).spec)
+    assert torch.allclose(half.policy().log_std.exp(), one.policy().log_std.exp() * 0.5)
 
 
 # --- init_checkpoint through python -m ebrl.train ---------------------------------------------

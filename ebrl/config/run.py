@@ -222,17 +222,18 @@ class RunConfig:
     #: ebrl.sft.libero clone``, or a run's checkpoint.pt): a fresh run, its version, optimiser
     #: and counters new (``checkpoint.resume`` continues a run instead). None: a fresh policy
     init_checkpoint: str | None = None
-    #: multiply the std of ``init_checkpoint``'s Gaussian by this (its log-std shifted by the
-    #: log): a behaviour clone's std is its demonstrations' residual, and chunks sampled at it
-    #: can fail where the clone's mean succeeds (PPO's rollouts sample). 1: the file's own
+    #: multiply the std of the initial policy's Gaussian by this (its log-std shifted by the
+    #: log), after ``init_checkpoint`` is loaded: a behaviour clone's std is its
+    #: demonstrations' residual, and chunks sampled at it can fail where the clone's mean
+    #: succeeds (PPO's rollouts sample). 1: unchanged
     init_std_scale: float = 1.0
 
     def __post_init__(self) -> None:
         # the run's own values; the checks that need two groups are ebrl.config.checks'
         _check(
-            self.init_std_scale > 0 and (self.init_checkpoint or self.init_std_scale == 1.0),
-            f"init_std_scale={self.init_std_scale}: scales the std of init_checkpoint's policy, "
-            "so it must be > 0 and needs an init_checkpoint (or leave it 1)",
+            self.init_std_scale > 0,
+            f"init_std_scale={self.init_std_scale}: the factor of the initial policy's std must "
+            "be > 0 (1: unchanged)",
         )
         _check(self.num_envs >= 1, f"num_envs={self.num_envs}: need at least 1 env")
         _check(

@@ -9,7 +9,6 @@ random state and its step counters are fresh (``checkpoint.resume`` is what cont
 from __future__ import annotations
 
 import json
-import math
 import os
 from pathlib import Path
 from typing import Any
@@ -43,10 +42,9 @@ def save_init_checkpoint(path: str | Path, policy: Policy, meta: dict[str, Any])
     return path
 
 
-def load_init_weights(policy: Policy, path: str | Path, std_scale: float = 1.0) -> dict[str, Any]:
+def load_init_weights(policy: Policy, path: str | Path) -> dict[str, Any]:
     """Load the weights of ``path`` into ``policy`` (its version stays 0); returns the file's
-    ``meta`` (``{}`` for a run's checkpoint). ``std_scale`` multiplies the std of the policy's
-    Gaussian (its ``log_std`` parameter shifted by the log; ``init_std_scale``).
+    ``meta`` (``{}`` for a run's checkpoint).
 
     Raises:
         FileNotFoundError: no such file.
@@ -95,13 +93,4 @@ def load_init_weights(policy: Policy, path: str | Path, std_scale: float = 1.0) 
         )
     policy.load_state_dict(weights)
     policy.version = 0
-    if std_scale != 1.0:
-        log_std = getattr(policy, "log_std", None)
-        if not isinstance(log_std, torch.nn.Parameter):
-            raise ValueError(
-                f"init_std_scale={std_scale}: {type(policy).__name__} has no log_std parameter "
-                "to scale; leave init_std_scale 1 for this policy"
-            )
-        with torch.no_grad():
-            log_std.add_(math.log(std_scale))
     return dict(meta)

@@ -7,6 +7,7 @@ method for its own stage, so simulators and policies are built where they run, n
 from __future__ import annotations
 
 import inspect
+import math
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -122,7 +123,8 @@ class StageFactory:
     # -- gen / train ----------------------------------------------------------------------------
     def policy(self) -> Policy:
         """The initial policy; identical in every process (seeded from the run seed, or the
-        weights of ``init_checkpoint`` where the run sets it)."""
+        weights of ``init_checkpoint`` where the run sets it), its std times
+        ``init_std_scale``."""
         if self.env_spec is None:
             raise RuntimeError("StageFactory.policy: env spec unknown; call with_spec() first")
         spec = PolicySpec(
@@ -137,8 +139,8 @@ class StageFactory:
         if self.cfg.get("init_checkpoint"):  # a fresh run from given weights (e.g. SFT's)
             from ebrl.sft.checkpoint import load_init_weights
 
-            scale = float(self.cfg.get("init_std_scale", 1.0))
-            load_init_weights(policy, self.cfg["init_checkpoint"], std_scale=scale)
+            load_init_weights(policy, self.cfg["init_checkpoint"])
+        scale_std(policy, float(self.cfg.get("init_std_scale", 1.0)))
         return policy
 
     def gen(self, device: str = "cpu", incarnation: int = 0) -> GenStage:
@@ -186,3 +188,18 @@ class StageFactory:
         if ckpt is not None:
             stage.trained_env_steps = int(ckpt.get("trained_env_steps", 0))
         return stage
+
+
+def scale_std(policy: Policy, scale: float) -> None:
+    """Multiply the std of ``policy``'s Gaussian by ``scale`` (its ``log_std`` parameter shifted
+    by the log): ``init_std_scale``. Raises ValueError, naming the key, for a policy without one."""
+    if scale == 1.0:
+        return
+    log_std = getattr(policy, "log_std", None)
+    if not isinstance(log_std, torch.nn.Parameter):
+        raise ValueError(
+            f"init_std_scale={scale}: {type(policy).__name__} has no log_std parameter to "
+            "scale; leave init_std_scale 1 for this policy"
+        )
+    with torch.no_grad():
+        log_std.add_(math.log(scale))
