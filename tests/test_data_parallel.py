@@ -327,9 +327,10 @@ def _same(a: dict, b: dict) -> None:
             assert ma[k] == mb[k] or (math.isnan(ma[k]) and math.isnan(mb[k])), k
 
 
-def _before_micro_batches(*args, micro_batch=None, **kwargs):
-    """:func:`_sgd_update_before_dp` called as the learner calls sgd_update now (one pass)."""
-    assert micro_batch is None
+def _before_micro_batches(*args, micro_batch=None, train_actor=True, **kwargs):
+    """:func:`_sgd_update_before_dp` called as the learner calls sgd_update now (one pass, the
+    actor trained: these cases have no critic warm-up)."""
+    assert micro_batch is None and train_actor
     return _sgd_update_before_dp(*args, **kwargs)
 
 
