@@ -50,9 +50,11 @@ def main(argv: list[str] | None = None) -> None:
     ckpt = args.run / "checkpoint.pt"
     if not ckpt.exists():
         raise SystemExit(f"{args.run}: no checkpoint.pt (the run kept no final weights)")
+    kept = snapshots(args.run / "snapshots")  # oldest first
     jobs = [EvalJob(str(ckpt), args.episodes)]  # the longest first, as a run orders them
-    jobs += [EvalJob(str(p), args.curve_episodes) for p in snapshots(args.run / "snapshots")]
-    jobs = jobs[: 1 + args.last] if args.last else jobs
+    jobs += [
+        EvalJob(str(p), args.curve_episodes) for p in (kept[-args.last :] if args.last else kept)
+    ]
     seconds: dict[int, list[float]] = {1: [], args.workers: []}
     figures: dict[int, list[tuple[int, int, int]]] = {}
     for _ in range(args.repeats):
