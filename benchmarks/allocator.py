@@ -95,7 +95,7 @@ def compose(overrides: list[str]) -> Any:
 def profile_workload(workload: list[str], pool: int, repeats: int, path: Path) -> dict[str, Any]:
     """(a) and (b)'s choice: profile the workload's policy here; Algorithm 1 on the profile."""
     from ebrl.config import validate
-    from ebrl.resources.manager import (
+    from ebrl.resources.allotment import (
         gen_batch_candidates,
         restrict_train_batch,
         train_minibatch,

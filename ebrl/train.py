@@ -278,7 +278,7 @@ def manages_resources(scheduler: Any) -> bool:
 
 def _refuse_unwired_resources(run: RunConfig) -> None:
     """The ``resources`` group is read by the EBRL scheduler's resource manager only
-    (``ebrl/schedulers/ebrl/manage.py``), its SM quotas by every scheduler on EBRL's workers
+    (``ebrl/schedulers/ebrl/control.py``), its SM quotas by every scheduler on EBRL's workers
     (their roles' processes get them: ``ebrl/resources/sharing.py``). Refuse a non-default value
     that the run would not honour: any, under another scheduler; SM quotas the roles' GPU
     shares cannot take; under ``scheduler=ebrl``, cores without pinning, and settings of a part

@@ -12,7 +12,7 @@ import pytest
 from ebrl.config import ConfigError, validate
 from ebrl.envs.synthetic import SyntheticCostEnv
 from ebrl.hardware import MachineFacts
-from ebrl.resources.manager import (
+from ebrl.resources.allotment import (
     ResourceSettings,
     StageResources,
     gen_batch_candidates,
@@ -22,8 +22,9 @@ from ebrl.resources.manager import (
     split_resources,
     train_minibatch,
 )
+from ebrl.resources.controller import RunController, elastic_allocator
+from ebrl.resources.meters import RolloutMeter
 from ebrl.resources.profiler import RatePoint, RateTable
-from ebrl.resources.runtime import RolloutMeter, RunTimeManager, elastic_allocator
 from ebrl.resources.split import AllocationError, Pool, allocate
 from ebrl.resources.topology import fake_topology
 from ebrl.train import _refuse_unwired_resources
@@ -35,9 +36,9 @@ ROOT = Path(__file__).resolve().parents[1]
 TOPO = fake_topology(numa_nodes=2, cores_per_node=32, gpus=0)
 
 
-def manager(prof, res, s, out_dir, max_gen_batch, clock=None, sent=None) -> RunTimeManager:
+def manager(prof, res, s, out_dir, max_gen_batch, clock=None, sent=None) -> RunController:
     """The run-time manager with Algorithm 1, its splits sent into ``sent`` (role, seq, res)."""
-    m = RunTimeManager(
+    m = RunController(
         res, num_envs=4, elastic=elastic_allocator(prof, res, s, max_gen_batch), topology=TOPO,
         out_dir=out_dir, **({"clock": clock} if clock else {}),
     )  # fmt: skip
@@ -241,7 +242,7 @@ def test_one_manager_measures_the_shortlist_from_the_reports_and_keeps_the_faste
     assert len(short) >= 2
     res = initial_resources(ResourceSettings(), TOPO, 2, None, max_gen_batch=8)
     trials = ShapeTrials(short, skip=1, updates=1, settle=0)
-    m = RunTimeManager(res, 16, out_dir=tmp_path, choice=choice, trials=trials)
+    m = RunController(res, 16, out_dir=tmp_path, choice=choice, trials=trials)
     sent = []
     m.connect(send_shape=sent.append)
     # update i arrives at t = i, then the last shortlisted shape's one twice as fast
@@ -267,7 +268,7 @@ def test_a_failed_re_rank_at_the_end_neither_fails_the_run_nor_loses_the_trials(
 ):
     """The re-rank is bookkeeping in the run's clean-up (a ``finally``): if the model fails
     there, the run's own outcome stands and ``shape.json`` keeps what the trials measured."""
-    from ebrl.resources import runtime
+    from ebrl.resources import controller
     from ebrl.resources.shape import ShapeTrials, search, shortlist
 
     from .test_shape_search import WORK, costs
@@ -275,7 +276,7 @@ def test_a_failed_re_rank_at_the_end_neither_fails_the_run_nor_loses_the_trials(
     choice = search(costs(tail=3.0, busy=0.05), WORK, None, None, None, 0.005)
     short = shortlist(choice)
     res = initial_resources(ResourceSettings(), TOPO, 2, None, max_gen_batch=8)
-    m = RunTimeManager(res, 16, out_dir=tmp_path, choice=choice, trials=ShapeTrials(short, 1, 1, 0))
+    m = RunController(res, 16, out_dir=tmp_path, choice=choice, trials=ShapeTrials(short, 1, 1, 0))
     m.connect(send_shape=lambda s: None)
     for i in range(len(short) + 1):
         m.report(i, 100, {}, at=float(i))
@@ -283,7 +284,7 @@ def test_a_failed_re_rank_at_the_end_neither_fails_the_run_nor_loses_the_trials(
     def stalled(choice):
         raise RuntimeError("the modelled schedule stalled")
 
-    monkeypatch.setattr(runtime, "rerank", stalled)
+    monkeypatch.setattr(controller, "rerank", stalled)
     m.close()
     saved = json.loads((tmp_path / "shape.json").read_text())["recalibration"]
     assert len(saved["trials"]) == len(short) and saved["rerank_s"] is None
@@ -301,7 +302,7 @@ def test_algorithm_1_waits_for_the_shape_trials_to_end(tmp_path, monkeypatch):
     prof = restrict_train_batch(fake_profile(), 16)
     s = ResourceSettings(allocator="elastic", gen_threads=1, train_threads=2, rebalance_patience=2)
     res = initial_resources(s, TOPO, 2, prof, max_gen_batch=2)
-    m = RunTimeManager(
+    m = RunController(
         res, num_envs=4, elastic=elastic_allocator(prof, res, s, 2), topology=TOPO,
         out_dir=tmp_path, choice=choice, trials=ShapeTrials(short, skip=1, updates=1, settle=0),
     )  # fmt: skip
@@ -324,7 +325,7 @@ def test_shape_trials_need_the_search_choice():
     choice = search(costs(tail=3.0, busy=0.05), WORK, None, None, None, 0.005)
     res = initial_resources(ResourceSettings(), TOPO, 2, None, max_gen_batch=8)
     with pytest.raises(ValueError, match="trials need the shape search"):
-        RunTimeManager(res, 4, trials=ShapeTrials(shortlist(choice)))
+        RunController(res, 4, trials=ShapeTrials(shortlist(choice)))
 
 
 def test_train_minibatch_from_the_config():
@@ -430,7 +431,7 @@ def test_synthetic_config_node_carries_the_slowdown():
 
 def test_patience_scales_with_the_run_unless_set():
     """A drift must be able to fire in a 10-update CPU sweep as in a long cluster run."""
-    from ebrl.resources.manager import scaled_patience
+    from ebrl.resources.allotment import scaled_patience
 
     def cfg(iterations=None, env_steps=None):
         return {"num_envs": 16, "rollout_steps": 50, "budget": {

@@ -13,11 +13,11 @@ import pytest
 import torch
 
 from ebrl.plan.profile import Point, Profile, StageProfile
-from ebrl.resources.manager import ResourceSettings, initial_resources
+from ebrl.resources.allotment import ResourceSettings, initial_resources
 from ebrl.resources.profiler import rate_table
 from ebrl.resources.split import predict
 from ebrl.resources.topology import Topology, discover_cores
-from ebrl.schedulers.ebrl import env_worker, worker
+from ebrl.schedulers.ebrl import worker
 from ebrl.train import train
 
 from .conftest import TINY, make_cfg
@@ -53,8 +53,7 @@ def test_static_default_runs_as_before(tiny_cfg, tmp_path, applied, monkeypatch)
     """threads.* as before, no pinning anywhere, the scheduler's batch_min, nothing reallocated
     (the levels pinned: no shape search)."""
     pins = []
-    # env workers pin their home cores (env_worker.py), Resources pin gen and learner (worker.py)
-    monkeypatch.setattr(env_worker, "pin", lambda *a: pins.append(a))
+    # env workers pin their home cores, Resources pin gen and learner (both worker.pin_worker)
     monkeypatch.setattr(worker, "pin", lambda *a: pins.append(a))
     monkeypatch.setattr(worker, "pin_process", lambda *a: pins.append(a))
     levels = ["scheduler.pipeline=true", "scheduler.step_level=true"]
@@ -111,8 +110,7 @@ def test_pinned_plan_reaches_every_worker(tiny_cfg, tmp_path, applied, monkeypat
         homes.append(frozenset(cores))
         return real_pin(pid, cores)
 
-    monkeypatch.setattr(env_worker, "pin", record)  # the env workers' homes
-    monkeypatch.setattr(worker, "pin", record)  # Resources applied in-process
+    monkeypatch.setattr(worker, "pin", record)  # homes and Resources, applied in-process
     before = os.sched_getaffinity(0)
     train(tiny_cfg([*EBRL, "resources.pin=true", "threads.gen=1", "threads.train=1"]))
     want = initial_resources(
@@ -264,3 +262,49 @@ def test_a_heavier_learner_in_a_real_run_fires_the_shape_watch(tiny_cfg, tmp_pat
     last_row = metrics(tmp_path)[-1]
     fired = float(last_row["shape/moves"]) + float(last_row["shape/kept_on_drift"])
     assert fired == len(shape_rows) >= 1
+
+
+PIN_WORKER = """
+import json, os, sys, threading
+from ebrl.schedulers.ebrl.worker import pin_worker
+
+def allowed(tid):
+    return sorted(os.sched_getaffinity(tid))
+
+started, stop = threading.Event(), threading.Event()
+ids = []
+def beat():  # a thread started before the pin, as a worker's heartbeat is
+    ids.append(threading.get_native_id())
+    started.set()
+    stop.wait()
+t = threading.Thread(target=beat)
+t.start()
+started.wait()
+core = max(os.sched_getaffinity(0))
+driver = os.getpid() if sys.argv[1] == "inprocess" else -1
+pin_worker([core], driver)
+print(json.dumps({"main": allowed(0), "beat": allowed(ids[0]), "core": core}))
+stop.set()
+t.join()
+"""
+
+
+@two_cores
+@pytest.mark.parametrize("where", ["process", "inprocess"])
+def test_a_pinned_worker_moves_every_thread_of_its_process_but_never_the_drivers(where):
+    """A worker in its own process (a Ray actor) moves every thread it has, the heartbeat
+    started before the pin included; a worker that is a thread of the driver moves only
+    itself."""
+    import subprocess
+    import sys
+
+    p = subprocess.run(
+        [sys.executable, "-c", PIN_WORKER, where], capture_output=True, text=True, timeout=60
+    )
+    assert p.returncode == 0, p.stderr
+    got = json.loads(p.stdout)
+    assert got["main"] == [got["core"]]
+    if where == "process":
+        assert got["beat"] == [got["core"]]
+    else:
+        assert got["beat"] == sorted(os.sched_getaffinity(0))

@@ -37,7 +37,7 @@ from ebrl.config import (
 from ebrl.hardware import MachineFacts
 from ebrl.resources.topology import Topology, discover_cores
 from ebrl.schedulers.base import IterationReport, RunContext
-from ebrl.schedulers.ebrl import EBRLScheduler, manage
+from ebrl.schedulers.ebrl import EBRLScheduler, control
 from ebrl.schedulers.sync import SyncScheduler
 from ebrl.stages.factory import StageFactory
 from ebrl.timeline import Timeline
@@ -343,7 +343,7 @@ def test_run_dir_reaches_manage_setup(tmp_path):
     run_dir.mkdir()
     ctx = RunContext(factory, 4, 2, Timeline(), run_dir=run_dir, manage_resources=True)
     topo = Topology(tuple(discover_cores()))
-    driver = manage.setup(
+    driver = control.setup(
         ctx.factory, 1, 2, ctx.decisions_per_env, topo,
         run_dir=ctx.run_dir, managed=ctx.manage_resources,
     )  # fmt: skip
@@ -356,10 +356,10 @@ def test_run_dir_reaches_manage_setup(tmp_path):
 def test_no_run_dir_writes_nothing_and_unmanaged_runs_get_no_manager(tmp_path):
     factory = _ebrl_factory(tmp_path)
     topo = Topology(tuple(discover_cores()))
-    assert manage.setup(factory, 1, 2, 4, topo, run_dir=None, managed=True) is not None
+    assert control.setup(factory, 1, 2, 4, topo, run_dir=None, managed=True) is not None
     assert not list(tmp_path.rglob("resources.json"))
     # the baselines on EBRL's workers (RunContext.manage_resources=False): their own split
-    assert manage.setup(factory, 1, 2, 4, topo, run_dir=tmp_path, managed=False) is None
+    assert control.setup(factory, 1, 2, 4, topo, run_dir=tmp_path, managed=False) is None
     assert not list(tmp_path.rglob("resources.json"))
 
 

@@ -134,7 +134,7 @@ def test_a_trial_of_another_thread_split_moves_the_generator_and_the_learner(mon
     the replica and the learner (torch threads set in their workers), and the run goes on."""
     import dataclasses
 
-    from ebrl.schedulers.ebrl import manage, worker
+    from ebrl.schedulers.ebrl import control, worker
 
     applied = []
     orig_apply = worker.Worker.apply_resources
@@ -150,7 +150,7 @@ def test_a_trial_of_another_thread_split_moves_the_generator_and_the_learner(mon
         g, t = choice.shape.threads
         return (choice.shape, dataclasses.replace(choice.shape, threads=(g, 3 - t)))
 
-    monkeypatch.setattr(manage, "shortlist", other)
+    monkeypatch.setattr(control, "shortlist", other)
     cfg = fake_cfg(["threads.gen=1", "threads.train=2", "budget.iterations=12"])
     sched = EBRLScheduler(backend="inprocess", pipeline=None, step_level=False, reshape_window=1)
     _, ctx = context(cfg)
@@ -188,10 +188,10 @@ def test_a_run_reshaped_in_flight_keeps_every_history_and_the_bound(monkeypatch,
     import json
 
     from ebrl.resources.model import Shape
-    from ebrl.schedulers.ebrl import manage
+    from ebrl.schedulers.ebrl import control
 
     step1 = Shape(1, True, 1, 0.001)  # one env a call: every batch under it is 1
-    monkeypatch.setattr(manage, "shortlist", lambda choice: (choice.shape, step1))
+    monkeypatch.setattr(control, "shortlist", lambda choice: (choice.shape, step1))
     # a run long enough that its trials (2 shapes and an update to settle) fit a quarter of it
     cfg = fake_cfg(["simulator.delay_jitter_s=0.0005", "budget.iterations=12"])
     sched = EBRLScheduler(

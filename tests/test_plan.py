@@ -376,7 +376,7 @@ def test_ebrl_searches_its_shape_with_one_replica_and_pins_it_with_several():
 
 
 def test_ebrl_weighs_every_thread_split_on_cores_and_takes_a_thread_only_where_it_pays():
-    """As the run's search does (manage.searched_threads): every shape at 1 + 1 and 1 + 2
+    """As the run's search does (control.searched_threads): every shape at 1 + 1 and 1 + 2
     threads, each split on its own costs and layout. A learner-paced workload whose second
     thread cuts the update takes it; one where the second thread only keeps a core busy
     does not (fewer threads are the simpler shape)."""

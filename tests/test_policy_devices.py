@@ -86,7 +86,7 @@ def test_a_cpu_roles_generator_and_learner_never_reach_a_gpu(cuda_visible):
 def test_the_shape_searchs_two_copies_stay_on_the_cpu_in_the_driver(cuda_visible):
     """EBRL's shape search builds a generator copy and a learner copy in the driver (no GPU
     share): neither may land on a GPU it was not given (before, both sat on GPU 0)."""
-    from ebrl.schedulers.ebrl.manage import shape_probes
+    from ebrl.schedulers.ebrl.control import shape_probes
 
     probes = shape_probes(factory(), sim_envs=2, decisions_per_env=4)
     try:

@@ -372,7 +372,7 @@ def test_the_run_starts_with_the_simplest_close_shape_only_when_it_measures_one(
     choice and measures the simplest beside it; trials off count as one shape measured."""
     import json
 
-    from ebrl.schedulers.ebrl.manage import start_trials
+    from ebrl.schedulers.ebrl.control import start_trials
 
     lock11, lock12 = Shape(1, False, 16, threads=(1, 1)), Shape(1, False, 16, threads=(1, 2))
     choice = _choice_at({lock11: 460.0, lock12: 474.0})
@@ -461,7 +461,7 @@ def test_recalibration_keeps_the_fastest_measured_shape_and_refits_the_model_to_
 def test_trials_take_at_most_a_quarter_of_the_run() -> None:
     """(shapes measured, updates each): a 10-update CPU run measures only the shape it starts
     with; longer runs measure more shapes, each shape after the first with an update to settle."""
-    from ebrl.resources.manager import trial_plan
+    from ebrl.resources.allotment import trial_plan
 
     assert trial_plan(3, {"budget": {"iterations": 10}}, 3) == (1, 2)
     assert trial_plan(3, {"budget": {"iterations": 16}}, 3) == (2, 1)  # 2 + 1 settle <= 4
@@ -478,7 +478,7 @@ def test_trials_fit_a_minutes_budget_through_the_predicted_update_time() -> None
     it will make: 2 minutes at 3 s an update is 40 updates (three shapes, 2 updates each); at
     12 s an update, 10 updates (the first shape only). Without a prediction the minutes say
     nothing about updates; the count of another budget that ends the run first wins."""
-    from ebrl.resources.manager import run_updates, trial_plan
+    from ebrl.resources.allotment import run_updates, trial_plan
 
     cfg = {"budget": {"minutes": 2.0}}
     assert run_updates(cfg, update_s=3.0) == 40

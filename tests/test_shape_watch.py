@@ -12,11 +12,12 @@ import json
 import numpy as np
 import pytest
 
-from ebrl.resources.manager import ResourceSettings, initial_resources
-from ebrl.resources.runtime import RunTimeManager
+from ebrl.resources.allotment import ResourceSettings, initial_resources
+from ebrl.resources.controller import RunController
+from ebrl.resources.meters import SIM_SECONDS, SIM_STEPS, SimMeter
 from ebrl.resources.shape import search
 from ebrl.resources.topology import fake_topology
-from ebrl.resources.watch import SIM_SECONDS, SIM_STEPS, ShapeWatch, SimMeter, scaled_costs
+from ebrl.resources.watch import ShapeWatch, scaled_costs
 
 from .test_shape_search import WORK, costs
 
@@ -146,7 +147,7 @@ def test_the_manager_moves_the_shape_once_the_trials_are_over_and_logs_the_move(
     choice = learner_choice()
     res = initial_resources(ResourceSettings(), TOPO, 2, None, max_gen_batch=8)
     watch = ShapeWatch(choice, threshold=0.15, patience=2, settle=0)
-    m = RunTimeManager(res, 16, warmup=1, out_dir=tmp_path, choice=choice, watch=watch)
+    m = RunController(res, 16, warmup=1, out_dir=tmp_path, choice=choice, watch=watch)
     sent = []
     m.connect(send_shape=sent.append)
     monkeypatch.setattr(m, "_rates", lambda: (400.0, 500.0))
@@ -169,7 +170,7 @@ def test_the_manager_moves_the_shape_once_the_trials_are_over_and_logs_the_move(
 
 
 def test_the_watch_and_algorithm_1_do_not_both_move_a_run() -> None:
-    from ebrl.resources.runtime import elastic_allocator
+    from ebrl.resources.controller import elastic_allocator
 
     from .test_allocator_manager import fake_profile
 
@@ -178,7 +179,7 @@ def test_the_watch_and_algorithm_1_do_not_both_move_a_run() -> None:
     prof = fake_profile()
     res = initial_resources(s, TOPO, 2, prof, max_gen_batch=2)
     with pytest.raises(ValueError, match="would both move"):
-        RunTimeManager(
+        RunController(
             res, 4, elastic=elastic_allocator(prof, res, s, 2), choice=choice,
             watch=ShapeWatch(choice),
         )  # fmt: skip

@@ -6,6 +6,7 @@ again when the stages drift from the plan. The profile here is the planner's shi
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -171,16 +172,81 @@ def test_a_re_split_that_saves_less_than_a_restart_over_the_time_left_is_decline
         assert r.declined[1].new["gen"] >= no.new["gen"] and r.declined[1].saved_s >= no.saved_s
 
 
-def test_the_time_left_a_re_split_is_weighed_against_comes_from_the_runs_budget(monkeypatch):
-    """``GpuFabric.seconds_left``: unknown before the pace is measured (an update budget), the
-    minutes left of a minutes budget from the start, the least of what each budget leaves."""
-    from ebrl.schedulers.ebrl import gpu
+def test_the_time_left_a_re_split_is_weighed_against_comes_from_the_runs_budget():
+    """The controller's ``Pace``: unknown before the pace is measured (an update budget), the
+    minutes left of a minutes budget from the run's start, the least of what each budget
+    leaves."""
+    from ebrl.resources.meters import Pace
 
-    clock = iter([100.0, 100.0, 110.0, 130.0])  # made; first report; 1 update later; 2 more
-    monkeypatch.setattr(gpu.time, "perf_counter", lambda: next(clock))
-    fabric = gpu.GpuFabric(0.5, 0.5)
-    assert fabric.seconds_left({"iterations": 20}, 4, 400) is None  # no pace yet
-    assert fabric.seconds_left({"iterations": 20}, 5, 500) == pytest.approx(15 * 10.0)
+    # started at 100; first report at 100; one update later at 110; two more at 130
+    assert Pace({"iterations": 20}, 100.0).seconds_left(4, 400, 100.0) is None  # no pace yet
+    pace = Pace({"iterations": 20}, 100.0)
+    pace.seconds_left(4, 400, 100.0)
+    assert pace.seconds_left(5, 500, 110.0) == pytest.approx(15 * 10.0)
     # 3 updates in 30 s since update 4; 1000 env steps left at 100 a update: 10 updates
     budget = {"iterations": 20, "env_steps": 1700, "minutes": 1}
-    assert fabric.seconds_left(budget, 7, 700) == pytest.approx(min(13 * 10, 10 * 10, 60 - 30))
+    pace = Pace(budget, 100.0)
+    pace.seconds_left(4, 400, 100.0)
+    assert pace.seconds_left(7, 700, 130.0) == pytest.approx(min(13 * 10, 10 * 10, 60 - 30))
+
+
+def test_the_run_controller_re_splits_the_sms_on_a_drift_and_records_it(tmp_path, monkeypatch):
+    """The one run-time controller feeds Algorithm 1 over the SMs each report's capacities
+    (from the warm-up on); after a window with the generator at half its planned rate it sends
+    the new quotas out, keeps what the fabric says is in force (the learner keeps its cap), and
+    records the re-split once: ``gpu_resplits.jsonl``, the ``gpu/*`` metrics, an MLflow param."""
+    import time
+
+    from ebrl.resources.allotment import ResourceSettings, initial_resources
+    from ebrl.resources.controller import RunController
+    from ebrl.resources.topology import fake_topology
+
+    sm = sharing.SMResplitter(PROFILE, 1, 16, threshold=0.15, window=3)
+    start = sm.quotas
+    topo = fake_topology(numa_nodes=1, cores_per_node=8, gpus=0)
+    res = initial_resources(ResourceSettings(), topo, 2, None, max_gen_batch=8)
+    c = RunController(res, 16, warmup=2, out_dir=tmp_path)
+    sent: list[dict[str, int]] = []
+
+    def requota(new: dict[str, int]) -> dict[str, int]:
+        sent.append(new)
+        return {"gen": new["gen"], "learner": start["learner"]}
+
+    c.connect(send_quota=requota)
+    c.split_sms(sm, start, {"iterations": 100}, time.perf_counter())
+    gen, train = planned(sm)
+    monkeypatch.setattr(c, "_rates", lambda: (gen * 0.5, gen * 0.5))  # rollout, generator
+    outs = [c.report(i, 100 * i, {"resource/train_per_s_update": train}) for i in range(6)]
+    # updates 0 and 1 are the warm-up; 2, 3, 4 the window; it fires at 4
+    assert [o["gpu/resplits"] for o in outs] == [0, 0, 0, 0, 1, 1]
+    (new,) = sent
+    assert new["gen"] > start["gen"] and new["gen"] + new["learner"] == 100
+    assert outs[3]["gpu/gen_sm_pct"] == start["gen"]
+    assert outs[4]["gpu/gen_sm_pct"] == outs[5]["gpu/gen_sm_pct"] == new["gen"]
+    assert outs[4]["gpu/train_sm_pct"] == start["learner"]  # in force: the learner's cap kept
+    assert outs[4]["gpu/resplit_gen_sm_pct_old"] == start["gen"] and outs[4]["gpu/resplit_s"] >= 0
+    rows = [json.loads(ln) for ln in (tmp_path / "gpu_resplits.jsonl").read_text().splitlines()]
+    assert len(rows) == 1 and rows[0]["step"] == 4 and rows[0]["stage"] == "gen"
+    assert rows[0]["old"] == start and rows[0]["new"] == new
+    assert rows[0]["applied"] == {"gen": new["gen"], "learner": start["learner"]}
+    params = c.unlogged_params()
+    assert list(params) == ["gpu/resplit1"] and "gen drifted" in params["gpu/resplit1"]
+    assert c.unlogged_params() == {}  # once
+
+
+def test_without_a_fabric_to_apply_it_the_controller_does_not_re_split(tmp_path, monkeypatch):
+    """Algorithm 1 over the SMs decides only where something puts its quotas in force."""
+    import time
+
+    from ebrl.resources.allotment import ResourceSettings, initial_resources
+    from ebrl.resources.controller import RunController
+    from ebrl.resources.topology import fake_topology
+
+    sm = sharing.SMResplitter(PROFILE, 1, 16, threshold=0.15, window=3)
+    topo = fake_topology(numa_nodes=1, cores_per_node=8, gpus=0)
+    c = RunController(initial_resources(ResourceSettings(), topo, 2, None, max_gen_batch=8), 16)
+    c.split_sms(sm, sm.quotas, None, time.perf_counter())
+    gen, train = planned(sm)
+    monkeypatch.setattr(c, "_rates", lambda: (gen * 0.5, gen * 0.5))
+    outs = [c.report(i, i, {"resource/train_per_s_update": train}) for i in range(6)]
+    assert all(not any(k.startswith("gpu/") for k in o) for o in outs) and sm.history == []

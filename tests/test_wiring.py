@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ebrl.schedulers.ebrl.manage import per_replica
+from ebrl.schedulers.ebrl.control import per_replica
 from ebrl.schedulers.ebrl.messages import Resources
 from ebrl.schedulers.ebrl.relay import merge_gauges
 from ebrl.schedulers.ebrl.wiring import DRIVER, Roles, gen_name, learner_name, sim_name, wire

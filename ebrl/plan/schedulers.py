@@ -445,7 +445,7 @@ def plan_one(
     chosen = s.shape
     if s.shapes:  # EBRL with one replica: its resource manager's search, on this layout
         splits = ebrl_splits(wl, machine) if name == "ebrl" else []
-        if len(splits) > 1:  # on cores, every thread split up to threads.* (manage.py's)
+        if len(splits) > 1:  # on cores, every thread split up to threads.* (control.py's)
             chosen, ranked, s = _search_splits(
                 s, splits, profile, wl, machine, seeds, updates, warmup
             )
@@ -479,7 +479,7 @@ def plan_one(
 def ebrl_splits(wl: PlanWorkload, machine: MachineSpec) -> list[tuple[int, int]]:
     """The (gen, train) thread splits EBRL's shape search weighs on cores: every split of the
     powers of two up to its threads and the threads themselves, fewest first (as
-    ``ebrl.schedulers.ebrl.manage.searched_threads`` with the static, unpinned split); none on
+    ``ebrl.schedulers.ebrl.control.searched_threads`` with the static, unpinned split); none on
     GPU shares (the share, not threads, sets a stage's pace there)."""
     if machine.gpus > 0 and (wl.gen_gpus > 0 or wl.learner_gpus > 0):
         return []

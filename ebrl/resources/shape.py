@@ -43,7 +43,7 @@ from ebrl.resources.model import (
     fit_cores,
     rank,
     splits_of,
-    thread_options,  # noqa: F401 (the measured thread counts: manage.py reads it from here)
+    thread_options,  # noqa: F401 (the measured thread counts: control.py reads it from here)
     with_threads,
 )
 
@@ -255,7 +255,7 @@ class ShapeChoice:
 
     def prediction(self) -> Prediction:
         """The chosen shape's prediction (its ``update_s`` turns a minutes budget into
-        updates: :func:`ebrl.resources.manager.run_updates`)."""
+        updates: :func:`ebrl.resources.allotment.run_updates`)."""
         return next(p for p in self.ranked if p.shape == self.shape)
 
     def predicted(self) -> float:
@@ -353,7 +353,7 @@ def shortlist(
     it starts with), then the simplest candidate, so that a schedule the search contains (one
     group in lock step is the Async schedule) is never lost to a model's error, then the others
     predicted within ``band`` of the best, best first. At most ``most`` shapes: a shorter run
-    measures fewer (:func:`ebrl.resources.manager.trial_plan`), the first ones."""
+    measures fewer (:func:`ebrl.resources.allotment.trial_plan`), the first ones."""
     best = choice.ranked[0].throughput
     simplest = choice.shapes[0] if choice.shapes else choice.shape
     out = list(dict.fromkeys([choice.shape, simplest]))

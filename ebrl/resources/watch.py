@@ -18,7 +18,7 @@ model has ranked shapes that close in the wrong order. The levels are then set a
 shape that runs. A streak of updates that left the level both ways, with no stage's mean beyond
 the threshold, is noise: it fires nothing and keeps the levels.
 
-It imports no engine: the run-time manager (:class:`~ebrl.resources.runtime.RunTimeManager`)
+It imports no engine: the run-time controller (:class:`~ebrl.resources.controller.RunController`)
 feeds it each update's rates and sends its moves.
 """
 
@@ -75,32 +75,6 @@ def scaled_table(
     return {split: scaled_costs(c, factors) for split, c in costs.items()}
 
 
-#: the env workers' cumulative gauges, summed over the workers (``ebrl.stages.sim.SimStage``)
-SIM_STEPS, SIM_SECONDS = "sim/steps_total", "sim/step_s_total"
-
-
-class SimMeter:
-    """The simulators' rate between two reports: env steps per second of stepping (one env's
-    steps per second), from the env workers' cumulative gauges."""
-
-    def __init__(self) -> None:
-        self.last: tuple[float, float] | None = None
-
-    def update(self, metrics: Mapping[str, float]) -> float | None:
-        """Feed a report's merged gauges; the rate since the previous one (None: no new data,
-        or counters that went backwards: a replaced env worker counts from zero again)."""
-        if SIM_STEPS not in metrics or SIM_SECONDS not in metrics:
-            return None
-        now = (float(metrics[SIM_STEPS]), float(metrics[SIM_SECONDS]))
-        prev, self.last = self.last, now
-        if prev is None:
-            return None
-        steps, seconds = now[0] - prev[0], now[1] - prev[1]
-        if steps <= 0 or seconds <= 0:
-            return None
-        return steps / seconds
-
-
 @dataclass(frozen=True)
 class ShapeMove:
     """One firing of the watch: what drifted, and the shape it searched.
@@ -112,7 +86,7 @@ class ShapeMove:
         factors: each drifted stage's cost factor (its level over its recent rate).
         predicted_old / predicted_new: both shapes' predicted env steps/s on the scaled costs.
         search_s: the driver's seconds weighing the candidates again.
-        decided_at: when it fired (the manager's clock).
+        decided_at: when it fired (the controller's clock).
     """
 
     step: int

@@ -91,7 +91,7 @@ class RunContext:
             ``reallocations.jsonl``; real RLinf's ``rlinf/``). None: the run has none (a
             scheduler driven directly, in tests): write nothing.
         manage_resources: the run's ``resources`` group is applied by the resource manager
-            (``ebrl/schedulers/ebrl/manage.py``): ``ebrl.train`` sets it for
+            (``ebrl/schedulers/ebrl/control.py``): ``ebrl.train`` sets it for
             ``scheduler=ebrl``. False for the baselines on EBRL's workers (hybrid, async),
             which keep their fixed split (``ebrl.train`` refuses a non-default ``resources``
             group for them), and for every scheduler built without ``ebrl.train``.

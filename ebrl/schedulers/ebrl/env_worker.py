@@ -21,12 +21,11 @@ import torch
 
 from ebrl.envs.base import EnvSpec
 from ebrl.ledger import StepLedger, writer_path
-from ebrl.resources.apply import pin
 from ebrl.rollout import EpisodeStats, SegmentBuilder
 from ebrl.runtime.channel import Address, Outbox
 from ebrl.schedulers.ebrl.messages import Go, Hello, Part, Ready, Reshape, Resync, Rewire
 from ebrl.schedulers.ebrl.wiring import Links
-from ebrl.schedulers.ebrl.worker import Worker
+from ebrl.schedulers.ebrl.worker import Worker, pin_worker
 from ebrl.stages.factory import StageFactory
 from ebrl.types import Observation, Transition
 
@@ -70,7 +69,7 @@ class EnvWorker(Worker):
 
     def _connect(self, links: Links) -> None:
         if self.plan.home is not None:  # pinned home cores (level 3 rebinds from there)
-            pin(0, self.plan.home[self.index])
+            pin_worker(self.plan.home[self.index], self.plan.driver_pid)
         self.gen: Outbox | None = Outbox(links.gen, self.authkey)
         self.learner = Outbox(links.learner, self.authkey)
         first = self.first_segment * self.plan.decisions_per_env

@@ -3,12 +3,15 @@ the MPS daemons (or MIG instances) that enforce the quotas, Algorithm 1's re-spl
 run goes, and what every GPU role's process saw.
 
 The decisions are :mod:`ebrl.resources.sharing`'s (the split, the re-split, the MIG choice,
-what is refused); the machine is changed by :mod:`ebrl.resources.mps` (the daemons) and
-:mod:`ebrl.runtime.placement_ray` (Ray's options, each role's environment). This module holds one
-run's state between the two, so that the engine (:mod:`ebrl.schedulers.ebrl.scheduler`) calls
-five methods: :meth:`GpuFabric.set_quotas` and :meth:`~GpuFabric.place` before the workers
-start, :meth:`~GpuFabric.record_env` once they are up, :meth:`~GpuFabric.resplit` on each
-report and :meth:`~GpuFabric.stop_mps` at the end.
+what is refused), and while the run goes the run's controller
+(:class:`~ebrl.resources.controller.RunController`) decides when to re-split; the machine is
+changed by :mod:`ebrl.resources.mps` (the daemons), :mod:`ebrl.runtime.placement_ray` (Ray's
+options, each role's environment) and :meth:`GpuFabric.requota` (a role restarted with its new
+quota). This module holds one run's state between them, so that the engine
+(:mod:`ebrl.schedulers.ebrl.scheduler`) calls :meth:`GpuFabric.set_quotas` and
+:meth:`~GpuFabric.place` before the workers start, :meth:`~GpuFabric.record_env` once they are
+up, connects :meth:`~GpuFabric.requota` to the controller, and :meth:`~GpuFabric.stop_mps` at
+the end.
 """
 
 from __future__ import annotations
@@ -31,7 +34,6 @@ from ebrl.runtime.placement_ray import NOSET_CUDA, ray_options, record_role_env
 from ebrl.schedulers.ebrl.wiring import Roles, gen_name, learner_name, sim_name
 
 if TYPE_CHECKING:
-    from ebrl.resources.runtime import RunTimeManager
     from ebrl.schedulers.ebrl.restarts import Restarts
 
 log = logging.getLogger(__name__)
@@ -66,20 +68,12 @@ class GpuFabric:
     placed: list[Placement] = field(default_factory=list)
     #: the run's MPS daemons (:meth:`start_mps`), while it runs
     mps: ClusterMPS | None = None
-    #: Algorithm 1 re-splitting the SMs while the run goes (an Algorithm 1 split under MPS)
-    resplitter: sharing.SMResplitter | None = None
     #: node id -> its GPUs in MIG mode where no MPS daemon serves it
     _mig_nodes: dict[str, Any] = field(default_factory=dict)
     #: whether ``sharing`` went to MLflow (:meth:`unlogged_params`)
     _sharing_logged: bool = False
-    #: (clock, update) when the first report was fed to the re-splitter: the run's pace
-    _paced_from: tuple[float, int] | None = None
-    #: the run's ``budget`` node (:meth:`start_resplitter`): the time a re-split is weighed over
-    _budget: Any = None
     #: when the fabric was made, at the run's start: a minutes budget counts from there
-    _started: float = field(default_factory=lambda: time.perf_counter())
-    #: re-splits not logged yet (MLflow param -> what happened)
-    _unlogged_resplits: dict[str, str] = field(default_factory=dict)
+    started: float = field(default_factory=lambda: time.perf_counter())
 
     def device_of(self, role: str) -> str:
         """Where a role's stage computes: a GPU when it asks for a share of one (``device``:
@@ -307,26 +301,24 @@ class GpuFabric:
                 for row in rows:
                     f.write(json.dumps(row) + "\n")
 
-    def start_resplitter(self, cfg: Any, manager: RunTimeManager | None) -> None:
-        """Algorithm 1 at run time over the shared GPU's SMs (``resplitter``), where it chose
-        the starting split (``resources.gpu_profile``, unpinned) and MPS enforces it; None
-        elsewhere (pinned quotas stay; without MPS a quota is not enforced; without the
-        resource manager no rates are measured)."""
-        self.resplitter = None
-        self._budget = cfg.get("budget")
+    def sm_resplitter(self, cfg: Any) -> sharing.SMResplitter | None:
+        """Algorithm 1 at run time over the shared GPU's SMs, where it chose the starting split
+        (``resources.gpu_profile``, unpinned) and MPS enforces it; None elsewhere (pinned
+        quotas stay; without MPS a quota is not enforced). The run's controller feeds it
+        (:meth:`~ebrl.resources.controller.RunController.split_sms`) and this fabric applies
+        what it decides (:meth:`requota`)."""
         if (
-            manager is None
-            or self.split is None
+            self.split is None
             or self.split.how != sharing.ALGORITHM1
             or self.sharing != sharing.Sharing.mps
         ):
-            return
-        from ebrl.resources.manager import ResourceSettings, scaled_patience
+            return None
+        from ebrl.resources.allotment import ResourceSettings, scaled_patience
 
         node = cfg.get("resources") or {}
         settings = ResourceSettings.from_config(node)
         inputs = self.split.inputs
-        self.resplitter = sharing.SMResplitter(
+        return sharing.SMResplitter(
             str(node.get("gpu_profile")),
             int(inputs["gen_batch"]),
             int(inputs["train_samples"]),
@@ -334,111 +326,34 @@ class GpuFabric:
             scaled_patience(settings.rebalance_patience, cfg),
         )
 
-    # --- on each report ----------------------------------------------------------------------
-    def resplit(
-        self,
-        iteration: int,
-        env_steps: int,
-        metrics: dict[str, float],
-        manager: RunTimeManager,
-        restarts: Restarts,
-        handles: list,
-        run_dir: Path | None,
-    ) -> dict[str, float]:
-        """Feed the update's measured capacities to Algorithm 1 over the SMs; where it chose
-        another split, the generator replicas are restarted with their new quota
-        (:meth:`Restarts.requota`: an MPS client's quota is fixed when its CUDA context is
-        made). The learner keeps its cap (its optimiser state lives in its process): a cap is a
+    # --- while the run goes ------------------------------------------------------------------
+    def requota(
+        self, new: dict[str, int], restarts: Restarts, handles: list, run_dir: Path | None
+    ) -> dict[str, int]:
+        """Put a re-split's SM quotas in force: the generator replicas are restarted with
+        their new quota (:meth:`Restarts.requota`: an MPS client's quota is fixed when its
+        CUDA context is made), each new process's environment recorded (:meth:`record_env`).
+        The learner keeps its cap (its optimiser state lives in its process): a cap is a
         limit, not a reservation, so a lower generator cap gives it the SMs up to its own.
-        Recorded in the run's log, ``gpu_resplits.jsonl`` and MLflow (``gpu/resplit<n>``).
-        A re-split that would save less over the run's time left (:meth:`seconds_left`, from
-        the run's ``budget`` node, kept by :meth:`start_resplitter`) than the last restart
-        took is declined (``SMResplitter``; counted in ``gpu/resplits_declined``).
 
         Returns:
-            the update's ``gpu/*`` metrics: the quotas in force, the re-splits so far and the
-            last one's seconds from decision to effect (none without a re-splitter).
+            the quotas in force (role -> percent).
         """
-        if self.resplitter is None:
-            return {}
-        out = {
-            "gpu/gen_sm_pct": float(self.quotas.get("gen") or 0),
-            "gpu/train_sm_pct": float(self.quotas.get("learner") or 0),
-            "gpu/resplits": float(len(self.resplitter.history)),
-        }
-        gen = metrics.get("resource/gen_per_s_update", metrics.get("resource/rollout_per_s_update"))
-        train = metrics.get("resource/train_per_s_update")
-        trying = manager.trials is not None and not manager.trials.done
-        if trying or iteration < manager.warmup or gen is None or train is None:
-            return out
-        left = self.seconds_left(self._budget, iteration, env_steps)
-        r = self.resplitter.observe(float(gen), float(train), iteration, left)
-        out["gpu/resplits_declined"] = float(len(self.resplitter.declined))
-        if r is None:
-            return out
 
         def opened(h: Any) -> None:  # its CUDA context is made, with the new quota
             self.record_env([h], run_dir)  # read inside it, before it runs its loop
 
         for i in range(restarts.roles.replicas):
-            restarts.requota(gen_name(i), r.new["gen"], handles, opened)
+            restarts.requota(gen_name(i), new["gen"], handles, opened)
         # in force: the new process acts for its env workers, with the newest weights
-        seconds = time.perf_counter() - r.decided_at
-        self.resplitter.applied(seconds)  # what the next re-split must save to be worth it
-        self.quotas = {**self.quotas, "gen": r.new["gen"]}
-        n = len(self.resplitter.history)
-        said = f"{r.describe()}; generator restarted with its quota in {seconds:.2f} s"
-        log.info("GPU re-split %d at %s (learner keeps its %d%% cap until it restarts)", n,
-                 said, r.old["learner"])  # fmt: skip
-        self._unlogged_resplits[f"gpu/resplit{n}"] = said
-        row = {
-            "resplit": n,
-            "step": r.step,
-            "stage": r.stage,
-            "old": r.old,
-            "new": r.new,
-            "applied": {"gen": r.new["gen"], "learner": r.old["learner"]},
-            "seconds_to_effect": seconds,
-            "cause": r.cause,
-        }
-        if run_dir is not None:
-            with open(run_dir / "gpu_resplits.jsonl", "a") as f:
-                f.write(json.dumps(row) + "\n")
-        out.update(
-            {
-                "gpu/gen_sm_pct": float(r.new["gen"]),
-                "gpu/resplits": float(n),
-                "gpu/resplit_s": seconds,
-                "gpu/resplit_gen_sm_pct_old": float(r.old["gen"]),
-                "gpu/resplit_gen_sm_pct_new": float(r.new["gen"]),
-                "gpu/resplit_train_sm_pct_old": float(r.old["learner"]),
-                "gpu/resplit_train_sm_pct_new": float(r.new["learner"]),
-            }
-        )
-        return out
-
-    def seconds_left(self, budget: Any, iteration: int, env_steps: int) -> float | None:
-        """The run's seconds left, at its pace since the re-splitter's first report: the
-        least of what ``budget``'s updates, env steps and minutes leave (None: unknown yet)."""
-        now = time.perf_counter()
-        if self._paced_from is None:
-            self._paced_from = (now, iteration)
-        t0, i0 = self._paced_from
-        per_update = (now - t0) / (iteration - i0) if iteration > i0 else None
-        budget = budget or {}
-        left = []
-        if (minutes := budget.get("minutes")) is not None:
-            left.append(self._started + 60.0 * float(minutes) - now)
-        if per_update is not None:
-            if (updates := budget.get("iterations")) is not None:
-                left.append((int(updates) - iteration) * per_update)
-            if (steps := budget.get("env_steps")) is not None and env_steps > 0 and iteration:
-                left.append((int(steps) - env_steps) / env_steps * iteration * per_update)
-        return max(0.0, min(left)) if left else None
+        self.quotas = {**self.quotas, "gen": new["gen"]}
+        log.info("GPU quotas in force: generator %d%% (restarted), learner keeps its %s%% cap "
+                 "until it restarts", new["gen"], self.quotas.get("learner"))  # fmt: skip
+        return {k: int(v) for k, v in self.quotas.items() if v is not None}
 
     def unlogged_params(self) -> dict[str, str]:
         """The MLflow params decided since the last call (how the GPUs were shared, how the
-        SMs were split, each re-split), once each."""
+        SMs were split), once each."""
         out: dict[str, str] = {}
         if self.sharing is not None and not self._sharing_logged:
             out[sharing.TAG] = str(self.sharing)
@@ -448,6 +363,4 @@ class GpuFabric:
             if self.split is not None and (quotas or self.asked == "auto"):
                 out.update(self.split.params())  # and how the SMs were split
             self._sharing_logged = True
-        out.update(self._unlogged_resplits)
-        self._unlogged_resplits = {}
         return out

@@ -3,11 +3,12 @@
 Once the workers are started (``spawn.py``), every message sent to the driver arrives in its one
 inbox, and :func:`relay` reacts to each through a table of handlers (the workers' own tables are
 their ``handlers``, in the ``*_worker.py`` modules): a learner's ``Report`` becomes an
-``IterationReport`` carrying the run's gauges (:func:`merge_gauges`), the resource manager's
-metrics and the GPU fabric's re-splits (``gpu.py``); ``Telemetry`` goes into the timeline and
-the gauges; a worker that dies or stops beating is replaced (``restarts.py``) or stops the run
-(:func:`check_alive`). When the run stops, :func:`keep_last_spans` keeps the spans the relay
-did not read. The engine (``scheduler.py``) starts the relay and shuts the run down after it.
+``IterationReport`` carrying the run's gauges (:func:`merge_gauges`) and the run controller's
+metrics and decisions (the shape, the split, the GPU's SMs); ``Telemetry`` goes into the
+timeline and the gauges; a worker that dies or stops beating is replaced (``restarts.py``) or
+stops the run (:func:`check_alive`). When the run stops, :func:`keep_last_spans` keeps the
+spans the relay did not read. The engine (``scheduler.py``) starts the relay and shuts the run
+down after it.
 """
 
 from __future__ import annotations
@@ -18,12 +19,12 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from ebrl.resources.runtime import RunTimeManager
+from ebrl.resources.controller import RunController
 from ebrl.resources.shape import ShapeChoice
 from ebrl.runtime.backend import Handle, WorkerDied
 from ebrl.runtime.channel import Inbox
 from ebrl.schedulers.base import IterationReport, RunContext, StageError
-from ebrl.schedulers.ebrl import manage
+from ebrl.schedulers.ebrl import control
 from ebrl.schedulers.ebrl.gpu import GpuFabric
 from ebrl.schedulers.ebrl.heartbeat import HeartbeatMonitor
 from ebrl.schedulers.ebrl.messages import Applied, Beat, Failed, Owed, Report, Telemetry
@@ -40,7 +41,7 @@ def relay(
     plan: Schedule,
     gpu: GpuFabric,
     hang_timeout_s: float | None,
-    manager: RunTimeManager | None = None,
+    controller: RunController | None = None,
     restarts: Restarts | None = None,
     unread: deque[Any] | None = None,
     searched: ShapeChoice | None = None,
@@ -49,7 +50,7 @@ def relay(
     """Yield the learner's reports; merge telemetry; replace dead env workers; turn any
     other failure into a StageError. ``unread`` holds what was read and not handled when
     the caller stops at a report (the shutdown keeps its spans). ``searched``: the shape
-    search's outcome, logged with the first report; ``on_choice`` is told the manager's shape
+    search's outcome, logged with the first report; ``on_choice`` is told the controller's shape
     choice at every report (the trials and the shape watch may move it)."""
     by_worker: dict[str, dict[str, float]] = {}  # each worker's latest gauges
     beats = HeartbeatMonitor(hang_timeout_s, handles)
@@ -57,36 +58,33 @@ def relay(
 
     def report(m: Report) -> IterationReport:
         nonlocal unlogged
-        arrived = time.perf_counter()  # before the manager's work on it
+        arrived = time.perf_counter()  # before the controller's work on it
         metrics = {**m.metrics, **merge_gauges(by_worker)}
         metrics["pipeline/staleness_bound"] = float(plan.staleness)
         if restarts is not None:
             metrics["fault/env_worker_restarts"] = float(restarts.sims)
             metrics["fault/gen_restarts"] = float(restarts.gens)
-        if manager is not None:  # the trials, the shape watch, Algorithm 1 may move
-            metrics.update(manager.report(m.iteration, m.env_steps, metrics))
-            if manager.choice is not None and on_choice is not None:
-                on_choice(manager.choice)
-            if restarts is not None:
-                moved = gpu.resplit(
-                    m.iteration, m.env_steps, metrics, manager, restarts, handles, ctx.run_dir
-                )
-                metrics.update(moved)
+        if controller is not None:  # the trials, the shape watch, Algorithm 1 may move
+            metrics.update(controller.report(m.iteration, m.env_steps, metrics))
+            if controller.choice is not None and on_choice is not None:
+                on_choice(controller.choice)
         params: dict[str, Any] = {}
         choice, unlogged = unlogged, None
         if choice is not None:  # the first report carries the shape search's outcome
             params = choice.params()
             metrics.update(choice.metrics())
-        params.update(gpu.unlogged_params())  # how the GPUs were shared, re-splits
+        params.update(gpu.unlogged_params())  # how the GPUs were shared
+        if controller is not None:
+            params.update(controller.unlogged_params())  # the GPU re-splits
         return IterationReport(m.iteration, m.env_steps, metrics, params, arrived)
 
     def telemetry(m: Telemetry) -> None:
         for span in m.spans:
             ctx.timeline.add(span)
         g = dict(m.gauges)
-        if manager is not None:
-            manager.gauges(g)
-        for k in manage.COUNTERS:  # the manager's inputs, not run metrics
+        if controller is not None:
+            controller.gauges(g)
+        for k in control.COUNTERS:  # the controller's inputs, not run metrics
             g.pop(k, None)
         by_worker.setdefault(m.worker, {}).update(g)
 
@@ -101,7 +99,7 @@ def relay(
         Beat: lambda m: beats.seen(m.worker),
         Failed: failed,
         Owed: lambda m: restarts.replace(m, handles) if restarts is not None else None,
-        Applied: lambda m: manage.acknowledge(manager, m) if manager is not None else None,
+        Applied: lambda m: control.acknowledge(controller, m) if controller is not None else None,
     }
     unread = deque() if unread is None else unread
     while True:

@@ -1,7 +1,7 @@
 """Moving a running EBRL run to a new shape (G, the step level, M and its cap, the threads).
 
 The resource manager decides when (the shape trials, then the shape watch:
-:class:`~ebrl.resources.runtime.RunTimeManager`); the engine (``scheduler.py``) connects it to
+:class:`~ebrl.resources.controller.RunController`); the engine (``scheduler.py``) connects it to
 :func:`reshape`, which tells the running workers. Nothing restarts: each replica and env worker
 switches between two batches (their ``Reshape`` handlers), and a worker that later replaces a
 dead one starts with the new shape (``Restarts.plan`` keeps it).

@@ -9,10 +9,10 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from ebrl.resources.runtime import RunTimeManager
+from ebrl.resources.controller import RunController
 from ebrl.runtime.channel import Outbox
 from ebrl.schedulers.base import StageError
-from ebrl.schedulers.ebrl import manage
+from ebrl.schedulers.ebrl import control
 from ebrl.schedulers.ebrl.env_worker import EnvWorker
 from ebrl.schedulers.ebrl.gen_worker import GenWorker
 from ebrl.schedulers.ebrl.messages import Lost, Owed, Reconnect, Rewire
@@ -66,14 +66,19 @@ class Restarts:
         board: Any,
         dist: tuple[str, int] | None,
         gen_device: str,
-        manager: RunTimeManager | None,
-        to_stages: manage.ManagerLinks | None = None,
+        controller: RunController | None,
+        to_stages: control.StageLinks | None = None,
     ) -> None:
         self.backend, self.factory, self.roles = backend, factory, roles
         self.authkey, self.host, self.resources = authkey, host, resources
         self.options, self.book = options, book
         self.plan, self.limit = plan, limit
-        self.board, self.dist, self.gen_device, self.manager = board, dist, gen_device, manager
+        self.board, self.dist, self.gen_device, self.controller = (
+            board,
+            dist,
+            gen_device,
+            controller,
+        )
         self.to_stages = to_stages
         self.sims = self.gens = 0  # replaced so far
         self.epochs: dict[int, int] = {}  # replica -> its current incarnation
@@ -172,10 +177,10 @@ class Restarts:
         out = Outbox(self.book[learner_name(0)], self.authkey)
         out.send(Reconnect(r, address, via_board))
         out.close()
-        if self.manager is not None and r == 0:
+        if self.controller is not None and r == 0:
             if self.to_stages is not None:
                 self.to_stages.relink(name, self.book[name])
-            self.manager.replaced(name)
+            self.controller.replaced(name)
         log.warning("%s: replaced (incarnation %d); its env workers rewired to it", name, epoch)
 
 

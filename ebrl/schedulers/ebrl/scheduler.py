@@ -18,7 +18,7 @@ With all three off this is a synchronous schedule on the same worker processes, 
 throughput benchmark compares EBRL against.
 
 The driver only wires workers, relays reports and merges telemetry: per-step data flows worker to
-worker (the ``*_worker.py`` modules). It also runs the resource manager (``manage.py``): the
+worker (the ``*_worker.py`` modules). It also runs the resource controller (``control.py``): the
 ``resources`` group sets the generator's and the learner's threads, cores and the generator's batch
 size, and with ``resources.allocator=elastic`` Algorithm 1 re-splits them while the run goes on.
 Whatever the workers change (in-process: threads of this process), the driver's affinity and torch
@@ -26,7 +26,7 @@ threads are restored when the run ends. What the run does to its GPUs (SM quotas
 or MIG, Algorithm 1's re-splits) is ``gpu.py``'s; replacing dead or re-quota'd workers is
 ``restarts.py``'s. This module is the engine's top-level flow: the roles and the run's shape,
 then :meth:`EBRLScheduler._run` starts and wires the workers (``spawn.py``), relays their
-messages into the run's reports (``relay.py``), moves the run to the shapes the manager picks
+messages into the run's reports (``relay.py``), moves the run to the shapes the controller picks
 (``reshape.py``) and always shuts everything down.
 """
 
@@ -43,9 +43,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from ebrl.resources.apply import MPS_CONTROL, affinity_guard, threads_guard
+from ebrl.resources.controller import RunController
 from ebrl.resources.model import Shape, Workload
 from ebrl.resources.model import split_groups as env_groups
-from ebrl.resources.runtime import RunTimeManager
 from ebrl.resources.shape import ShapeChoice
 from ebrl.runtime.backend import InProcessBackend, RayBackend
 from ebrl.runtime.channel import Inbox, new_authkey, node_ip
@@ -53,7 +53,7 @@ from ebrl.runtime.dist import STRATEGIES
 from ebrl.runtime.placement_nodes import placement_groups
 from ebrl.runtime.slots import ShmSlots, SlotSpec
 from ebrl.schedulers.base import IterationReport, RunContext
-from ebrl.schedulers.ebrl import manage
+from ebrl.schedulers.ebrl import control
 from ebrl.schedulers.ebrl.gpu import GpuFabric
 from ebrl.schedulers.ebrl.heartbeat import stop_workers
 from ebrl.schedulers.ebrl.rebind import home_cores
@@ -78,8 +78,8 @@ class EBRLScheduler:
         overlap: level 1.
         staleness: k, 0..8 (forced to 0 when ``overlap`` is off).
         pipeline: level 2 (true: G = the run's ``env_groups``; false: G = 1; None: the
-            resource manager chooses G, :mod:`ebrl.resources.shape`).
-        step_level: level 3 (None: the resource manager chooses).
+            resource controller chooses G, :mod:`ebrl.resources.shape`).
+        step_level: level 3 (None: the resource controller chooses).
         batch_min: M of "first M of N" (None: chosen with the step level, or half a group).
         batch_max: the most ready envs one step-level call takes once M are ready (None:
             chosen with the step level, or M: the first M of N; larger: the envs that piled
@@ -90,7 +90,7 @@ class EBRLScheduler:
             the best, and one group in lock step: :func:`ebrl.resources.shape.shortlist`), one
             after the other after the first update; the run then keeps the fastest. Fewer
             updates and shapes where the trials would take over a quarter of the run
-            (:func:`ebrl.resources.manager.trial_plan`; 0: no trials).
+            (:func:`ebrl.resources.allotment.trial_plan`; 0: no trials).
         reshape_on_drift: once the trials are over, a stage whose rate drifts from its level
             (``resources.rebalance_threshold``, 15%, held ``resources.rebalance_patience``
             updates: a tenth of the run's unless set) has the whole shape searched again on
@@ -248,8 +248,8 @@ class EBRLScheduler:
         return Shape(g, step, m, self.batch_timeout_ms / 1000, self.batch_max)
 
     def shape(self, ctx: RunContext, roles: Roles) -> tuple[Shape, ShapeChoice | None]:
-        """The run's G, step level and M: searched by the resource manager where a knob is
-        unset (None) and the manager applies, else :meth:`pinned_shape`."""
+        """The run's G, step level and M: searched by the resource controller where a knob is
+        unset (None) and the controller applies, else :meth:`pinned_shape`."""
         pinned = self.pinned_shape(ctx, roles)
         free = self.pipeline is None or self.step_level is None
         if not free or not ctx.manage_resources:
@@ -272,7 +272,7 @@ class EBRLScheduler:
         )
         # a generator batch set in the resources group means the step level
         step = True if node.get("gen_batch") is not None else self.step_level
-        choice = manage.choose_shape(
+        choice = control.choose_shape(
             ctx.factory,
             work,
             groups=None if self.pipeline is None else pinned.groups,
@@ -348,8 +348,8 @@ class EBRLScheduler:
         handles: list = []
         book: dict[str, Any] = {DRIVER: inbox.address}  # worker name -> inbox address
         res = self.resources or {}
-        manager: RunTimeManager | None = None
-        to_stages: manage.ManagerLinks | None = None  # the manager's links to gen and learner
+        controller: RunController | None = None
+        to_stages: control.StageLinks | None = None  # the controller's links to gen and learner
         try:
             self.gpu = self._fabric()
             self.gpu.set_quotas(
@@ -367,12 +367,12 @@ class EBRLScheduler:
             shape, self.shape_choice = self.shape(dataclasses.replace(ctx, factory=factory), roles)
             trials = None
             if self.shape_choice is not None:
-                shape, self.shape_choice, trials = manage.start_trials(
+                shape, self.shape_choice, trials = control.start_trials(
                     self.shape_choice, factory.cfg, self.reshape_window, ctx.run_dir
                 )
             searched = self.shape_choice  # the first report logs it
             plan = self.plan(ctx, roles, slots.spec, shape)
-            manager = manage.setup(
+            controller = control.setup(
                 factory,
                 len(roles.sims),
                 max(len(g) for g in plan.groups),
@@ -383,8 +383,7 @@ class EBRLScheduler:
                 trials=trials,
                 watch=self.reshape_on_drift,
             )
-            plan = manage.with_resources(plan, roles, manager)
-            self.gpu.start_resplitter(factory.cfg, manager)
+            plan = control.with_resources(plan, roles, controller)
             gen_device = self.gpu.device_of("gen")
             gens, learners, board, dist = spawner.stages(
                 roles,
@@ -399,33 +398,37 @@ class EBRLScheduler:
             )
             self.gpu.record_env(gpu_roles, ctx.run_dir)
             spawner.start(roles, board, dist, plan)
-            if manager is not None and manager.elastic is not None:
-                to_stages = manage.ManagerLinks(book, authkey)
+            if controller is not None and controller.elastic is not None:
+                to_stages = control.StageLinks(book, authkey)
             restarts = Restarts(
                 backend, factory, roles, authkey, host, res, options, book, plan,
-                self.max_restarts, board, dist, gen_device, manager, to_stages,
+                self.max_restarts, board, dist, gen_device, controller, to_stages,
             )  # fmt: skip
-            if manager is not None:
-                manager.connect(
+            if controller is not None:
+                controller.connect(
                     send_split=to_stages.send if to_stages is not None else None,
                     send_shape=lambda shape: reshape(shape, restarts),
+                    send_quota=lambda new: self.gpu.requota(new, restarts, handles, ctx.run_dir),
                 )
+                if (sm := self.gpu.sm_resplitter(factory.cfg)) is not None:
+                    budget = factory.cfg.get("budget")
+                    controller.split_sms(sm, self.gpu.quotas, budget, self.gpu.started)
             yield from relay(
-                inbox, handles, ctx, plan, self.gpu, self.hang_timeout_s, manager, restarts,
+                inbox, handles, ctx, plan, self.gpu, self.hang_timeout_s, controller, restarts,
                 unread, searched, on_choice=self._chose,
             )  # fmt: skip
         finally:
-            if manager is not None:
-                manager.close()
-                if manager.choice is not None:  # re-ranked on the refit model at the end
-                    self.shape_choice = manager.choice
+            if controller is not None:
+                controller.close()
+                if controller.choice is not None:  # re-ranked on the refit model at the end
+                    self.shape_choice = controller.choice
             if to_stages is not None:
                 to_stages.close()
             self._shutdown(inbox, handles, backend, slots, book, authkey, ctx.timeline, unread)
             self.gpu.stop_mps()  # already stopped by _shutdown, unless it failed before
 
     def _chose(self, choice: ShapeChoice) -> None:
-        """The resource manager's shape choice, kept as the run's (the trials, the shape watch
+        """The resource controller's shape choice, kept as the run's (the trials, the shape watch
         and the recalibration at the end may change it)."""
         self.shape_choice = choice
 

@@ -20,7 +20,7 @@ import contextlib
 import os
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import ClassVar
 
@@ -89,6 +89,17 @@ class Schedule:
 
     def owner(self) -> dict[int, int]:
         return {e: w for w, ids in enumerate(self.workers) for e in ids}
+
+
+def pin_worker(cores: Iterable[int], driver_pid: int) -> None:
+    """Pin a worker to ``cores``: every thread of its process (its heartbeat, torch's and a
+    simulator's threads, started before or after), or, where the worker is a thread of the
+    driver (``driver_pid`` is this process: ``scheduler.backend=inprocess``), its own thread
+    only, so that the driver's other threads stay where they are."""
+    if os.getpid() == driver_pid:
+        pin(0, cores)
+    else:
+        pin_process(cores)
 
 
 class Worker:
@@ -207,17 +218,13 @@ class Worker:
         """Run with ``msg``'s torch threads, cores and batch size from now on; tell the driver.
 
         Threads go to the stage (which sets them before every call: in-process, gen and learner
-        share torch's setting) and to torch at once. Cores pin the whole worker process, or only
-        this thread when the worker is a thread of the driver.
+        share torch's setting) and to torch at once. Cores pin the worker (:func:`pin_worker`).
         """
         t0 = time.perf_counter()
         self.stage.threads = msg.threads
         torch.set_num_threads(msg.threads)
         if msg.cores is not None:
-            if os.getpid() == self.plan.driver_pid:
-                pin(0, msg.cores)
-            else:
-                pin_process(msg.cores)
+            pin_worker(msg.cores, self.plan.driver_pid)
         if msg.batch_min is not None:
             self._set_batch(msg.batch_min)
         done = Applied(

@@ -5,7 +5,7 @@ generator's and the learner's torch threads, CPU cores (only with ``resources.pi
 generator's batch size, plus the env workers' home cores. With ``allocator=static`` the split is
 the config's (``gen_threads`` / ``train_threads``, or with pinning ``gen_cores`` / ``train_cores``
 or a plan over the machine); with ``allocator=elastic`` Algorithm 1 (:func:`allocate`) chooses it
-from a profile, and at run time :class:`~ebrl.resources.runtime.RunTimeManager` re-chooses it.
+from a profile, and at run time :class:`~ebrl.resources.controller.RunController` re-chooses it.
 
 On a machine without GPUs the pool gen and train split is CPU threads: without pinning, the thread
 budget ``gen_threads + train_threads``; with pinning, the cores left after the env workers (each
@@ -13,7 +13,7 @@ stage then runs one torch thread per core). That is the CPU analogue of the SM s
 
 At run time three throughputs are measured per update: the generator's capacity (decisions per
 second inside the policy), the rollout's (decisions issued per second of rollout time not held
-back by the staleness bound, :class:`~ebrl.resources.runtime.RolloutMeter`: the simulators set
+back by the staleness bound, :class:`~ebrl.resources.meters.RolloutMeter`: the simulators set
 it when it runs below the generator's capacity) and the learner's (decisions trained per second
 of training).
 

@@ -1,11 +1,11 @@
-"""The resource manager on the EBRL driver: built from the run's ``resources`` group, wired to
+"""The resource controller on the EBRL driver: built from the run's ``resources`` group, wired to
 the workers.
 
-:func:`setup` reads the run's ``resources`` group and returns the run-time manager
-(:class:`~ebrl.resources.runtime.RunTimeManager`) holding the starting split
-(:class:`~ebrl.resources.manager.RunResources`), which the workers apply when they start
+:func:`setup` reads the run's ``resources`` group and returns the run-time controller
+(:class:`~ebrl.resources.controller.RunController`) holding the starting split
+(:class:`~ebrl.resources.allotment.RunResources`), which the workers apply when they start
 (``Schedule.gen_resources`` / ``train_resources``), the shape trials when the shape was searched,
-and with ``allocator=elastic`` Algorithm 1 at run time. :class:`ManagerLinks` carries what it
+and with ``allocator=elastic`` Algorithm 1 at run time. :class:`StageLinks` carries what it
 decides to the generator and the learner (a :class:`Resources` message each; they apply it between
 stage calls and acknowledge with :class:`Applied`). :func:`choose_shape` runs the shape search
 on probes of the run's own stages.
@@ -13,7 +13,7 @@ on probes of the run's own stages.
 With the default ``resources`` group (static, unpinned, threads as ``threads.*``) the workers
 run exactly as before: their stage's own threads, no pinning, the scheduler's ``batch_min``.
 
-The caller says whether the manager applies and where the run folder is (``RunContext``'s
+The caller says whether the controller applies and where the run folder is (``RunContext``'s
 ``manage_resources`` and ``run_dir``, filled by ``ebrl.train``); nothing here guesses either.
 """
 
@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ebrl.plan.profile import Profile
-from ebrl.resources.manager import (
+from ebrl.resources.allotment import (
     ELASTIC,
     ResourceSettings,
     StageResources,
@@ -44,9 +44,9 @@ from ebrl.resources.manager import (
     train_minibatch,
     trial_plan,
 )
+from ebrl.resources.controller import COUNTERS, RunController, elastic_allocator
 from ebrl.resources.model import Shape, Workload
 from ebrl.resources.profiler import rate_table
-from ebrl.resources.runtime import COUNTERS, RunTimeManager, elastic_allocator
 from ebrl.resources.shape import (
     Probes,
     ShapeChoice,
@@ -71,8 +71,8 @@ log = logging.getLogger(__name__)
 
 __all__ = [
     "COUNTERS",
-    "ManagerLinks",
     "Shape",
+    "StageLinks",
     "acknowledge",
     "choose_shape",
     "setup",
@@ -86,18 +86,18 @@ def message(seq: int, res: StageResources) -> Resources:
     return Resources(seq, res.threads, res.cores, res.batch)
 
 
-def start_messages(manager: RunTimeManager) -> tuple[Resources, Resources]:
+def start_messages(controller: RunController) -> tuple[Resources, Resources]:
     """The generator's and the learner's starting resources (``seq`` 0)."""
-    return message(0, manager.resources.gen), message(0, manager.resources.train)
+    return message(0, controller.resources.gen), message(0, controller.resources.train)
 
 
-def acknowledge(manager: RunTimeManager, msg: Applied) -> None:
-    """A worker's :class:`Applied`, to the manager."""
-    manager.applied(msg.worker, msg.seq, msg.seconds, msg.threads, msg.cores, msg.batch_min)
+def acknowledge(controller: RunController, msg: Applied) -> None:
+    """A worker's :class:`Applied`, to the controller."""
+    controller.applied(msg.worker, msg.seq, msg.seconds, msg.threads, msg.cores, msg.batch_min)
 
 
-class ManagerLinks:
-    """The manager's links to the generator and the learner (``gen``, ``learner``): what it
+class StageLinks:
+    """The controller's links to the generator and the learner (``gen``, ``learner``): what it
     decides goes out as :class:`Resources`; a replaced process gets a new link."""
 
     def __init__(self, peers: Mapping[str, Any], authkey: bytes) -> None:
@@ -105,7 +105,7 @@ class ManagerLinks:
         self.outboxes = {r: Outbox(peers[r], authkey) for r in ("gen", "learner")}
 
     def send(self, role: str, seq: int, res: StageResources) -> None:
-        # a process that died meanwhile gets it once replaced (RunTimeManager.replaced)
+        # a process that died meanwhile gets it once replaced (RunController.replaced)
         with contextlib.suppress(OSError):
             self.outboxes[role].send(message(seq, res))
 
@@ -134,8 +134,8 @@ def setup(
     choice: ShapeChoice | None = None,
     trials: ShapeTrials | None = None,
     watch: bool = False,
-) -> RunTimeManager | None:
-    """The run's resource manager from its ``resources`` group, or None where none applies.
+) -> RunController | None:
+    """The run's resource controller from its ``resources`` group, or None where none applies.
 
     Elastic runs use ``resources.profile`` when given, else profile the run's policy here first
     (a few seconds) and save the profile in the run folder. ``factory`` must know the env spec.
@@ -148,7 +148,7 @@ def setup(
         topology: the machine's cores (default: this process's).
         run_dir: the run folder (``RunContext.run_dir``): ``resources.json``, ``profile.json``
             and ``reallocations.jsonl`` go there; None: nothing is written.
-        managed: whether the manager applies to this run (``RunContext.manage_resources``);
+        managed: whether the controller applies to this run (``RunContext.manage_resources``);
             False: None is returned, the workers keep their own split (the baselines on EBRL's
             workers).
         choice: the shape search's outcome, when the shape was searched.
@@ -207,7 +207,7 @@ def setup(
     watcher = None
     if watch and choice is not None and elastic is None:
         watcher = ShapeWatch(choice, settings.rebalance_threshold, int(patience))
-    return RunTimeManager(
+    return RunController(
         res,
         int(factory.cfg["num_envs"]),
         warmup,
@@ -344,13 +344,13 @@ def start_trials(
     return choice.shape, choice, ShapeTrials(short[:n], skip=1, updates=each)
 
 
-def with_resources(plan: Schedule, roles: Roles, manager: RunTimeManager | None) -> Schedule:
-    """The plan with the resource manager's starting split (each replica its share of the
+def with_resources(plan: Schedule, roles: Roles, controller: RunController | None) -> Schedule:
+    """The plan with the resource controller's starting split (each replica its share of the
     generator's threads and cores)."""
-    if manager is None:
+    if controller is None:
         return plan
-    gen, train = start_messages(manager)
-    home = manager.resources.sim_home
+    gen, train = start_messages(controller)
+    home = controller.resources.sim_home
     return dataclasses.replace(
         plan,
         home=home if home is not None else plan.home,

@@ -1,6 +1,6 @@
-"""The resource manager while the run goes: one object on the driver, fed every event it acts on.
+"""The resource controller while the run goes: one object on the driver, fed every event it acts on.
 
-:class:`RunTimeManager` holds the run's resources (the starting split), the shape trials
+:class:`RunController` holds the run's resources (the starting split), the shape trials
 (:class:`~ebrl.resources.shape.ShapeTrials`: the shortlisted shapes measured in the run, the
 fastest kept) and Algorithm 1 at run time (:class:`~ebrl.resources.elastic.ElasticAllocator`).
 The driver hands it:
@@ -18,9 +18,15 @@ The driver hands it:
   appended too (``changed: false``), so the file shows every time the trigger fired;
 - a replaced process (:meth:`replaced`): its counters start again, and it gets the split in force.
 
-What it decides goes out through two callables the driver connects (:meth:`connect`): a shape
-for every replica and env worker, a stage's resources for the generator or the learner. It knows
-nothing else of the engine.
+Where a GPU is shared under MPS and Algorithm 1 chose its SM split (:meth:`split_sms`), the same
+report feeds Algorithm 1 over the SMs (:class:`~ebrl.resources.sharing.SMResplitter`), weighed
+against the run's time left (:class:`Pace`); a re-split is recorded in ``gpu_resplits.jsonl``,
+the ``gpu/*`` metrics and an MLflow param (:meth:`unlogged_params`).
+
+What it decides goes out through three callables the driver connects (:meth:`connect`): a shape
+for every replica and env worker, a stage's resources for the generator or the learner, new SM
+quotas for the roles (the GPU fabric restarts what must restart and says what is in force). It
+knows nothing else of the engine, and changes nothing on the machine itself.
 """
 
 from __future__ import annotations
@@ -35,19 +41,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ebrl.resources.allotment import ResourceSettings, RunResources, StageResources, split_resources
 from ebrl.resources.elastic import ElasticAllocator, Reallocation
-from ebrl.resources.manager import ResourceSettings, RunResources, StageResources, split_resources
+from ebrl.resources.meters import Pace, RolloutMeter, SimMeter
 from ebrl.resources.model import Shape
 from ebrl.resources.monitors import DivergenceMonitor
 from ebrl.resources.profiler import RateTable
 from ebrl.resources.shape import ShapeChoice, ShapeTrials, recalibrate, rerank
+from ebrl.resources.sharing import Resplit, SMResplitter
 from ebrl.resources.split import Allocation, AllocationError
 from ebrl.resources.topology import Topology
-from ebrl.resources.watch import ShapeMove, ShapeWatch, SimMeter
+from ebrl.resources.watch import ShapeMove, ShapeWatch
 
 log = logging.getLogger(__name__)
 
-#: generator gauges the manager reads (cumulative), kept out of the run's metrics
+#: generator gauges the controller reads (cumulative), kept out of the run's metrics
 COUNTERS = (
     "resource/gen_clock",
     "resource/gen_decisions",
@@ -59,32 +67,8 @@ COUNTERS = (
 SendSplit = Callable[[str, int, StageResources], None]
 #: a shape to run from now on, for every replica and env worker
 SendShape = Callable[[Shape], None]
-
-
-class RolloutMeter:
-    """The rollout's decisions per second of time it was not held back by the staleness bound.
-
-    The generator reports cumulative counters: its clock, decisions issued, and env-seconds
-    during which ready envs waited only because acting on them would exceed the staleness bound.
-    Over an interval of ``dt`` seconds with ``n`` envs, the rollout was free for
-    ``dt - blocked / n`` seconds.
-    """
-
-    def __init__(self, num_envs: int) -> None:
-        self.num_envs = max(1, num_envs)
-        self.last: tuple[float, float, float] | None = None
-
-    def update(self, clock: float, decisions: float, blocked_env_s: float) -> float | None:
-        """Feed the counters; the capacity since the previous call (None: no new data)."""
-        prev, self.last = self.last, (clock, decisions, blocked_env_s)
-        if prev is None:
-            return None
-        dt = clock - prev[0]
-        free = dt - (blocked_env_s - prev[2]) / self.num_envs
-        # counters that went backwards: a replaced generator's, counting from zero again
-        if dt <= 0 or free <= 1e-3 * dt or decisions < prev[1]:
-            return None
-        return (decisions - prev[1]) / free
+#: SM quotas to put in force (role -> percent); returns the quotas in force once it is done
+SendQuota = Callable[[dict[str, int]], dict[str, int]]
 
 
 def elastic_allocator(
@@ -133,8 +117,8 @@ class Acknowledged:
     batch_min: int | None
 
 
-class RunTimeManager:
-    """The resource manager at run time (see the module's docstring).
+class RunController:
+    """The resource controller at run time (see the module's docstring).
 
     Args:
         resources: the run's starting split (with ``allocator=elastic``, its ``allocation`` and
@@ -166,9 +150,9 @@ class RunTimeManager:
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         if trials is not None and choice is None:
-            raise ValueError("RunTimeManager: shape trials need the shape search's choice")
+            raise ValueError("RunController: shape trials need the shape search's choice")
         if watch is not None and elastic is not None:
-            raise ValueError("RunTimeManager: the shape watch and Algorithm 1 would both move")
+            raise ValueError("RunController: the shape watch and Algorithm 1 would both move")
         self.resources = resources
         self.meter = RolloutMeter(num_envs)
         self.warmup = max(1, warmup)
@@ -193,14 +177,44 @@ class RunTimeManager:
         self.last = {k: math.nan for k in ("cost", "latency", "gen", "train", "rollout")}
         self.send_split: SendSplit = lambda role, seq, res: None
         self.send_shape: SendShape = lambda shape: None
+        self.send_quota: SendQuota | None = None
+        # Algorithm 1 over a shared GPU's SMs (split_sms): the policy, the quotas in force, the
+        # run's pace, the re-splits applied and the MLflow params not logged yet
+        self.sm: SMResplitter | None = None
+        self.sm_quotas: dict[str, int] = {}
+        self.pace: Pace | None = None
+        self.resplits = 0
+        self._unlogged: dict[str, str] = {}
 
     # -- wiring --------------------------------------------------------------------------------
-    def connect(self, send_split: SendSplit | None = None, send_shape: SendShape | None = None):
+    def connect(
+        self,
+        send_split: SendSplit | None = None,
+        send_shape: SendShape | None = None,
+        send_quota: SendQuota | None = None,
+    ):
         """Where decisions go once the workers are up."""
         if send_split is not None:
             self.send_split = send_split
         if send_shape is not None:
             self.send_shape = send_shape
+        if send_quota is not None:
+            self.send_quota = send_quota
+
+    def split_sms(
+        self,
+        resplitter: SMResplitter,
+        quotas: Mapping[str, int | None],
+        budget: Mapping[str, Any] | None,
+        started: float,
+    ) -> None:
+        """Algorithm 1 over a shared GPU's SMs from now on: ``resplitter`` fed each update's
+        capacities, from ``quotas`` (role -> percent in force), a re-split weighed against the
+        time ``budget`` leaves (the run's ``budget`` node; minutes from ``started``, on
+        ``time.perf_counter``'s clock)."""
+        self.sm = resplitter
+        self.sm_quotas = {k: int(v) for k, v in quotas.items() if v is not None}
+        self.pace = Pace(budget, started)
 
     def replaced(self, role: str) -> None:
         """``role``'s process was replaced: its rollout counters start again from zero, and it
@@ -296,6 +310,10 @@ class RunTimeManager:
                 gen = gen_cap if gen_cap is not None else rollout
                 self.rebalance(gen, float(train), iteration, rollout)
             out.update(self.elastic_metrics())
+        if self.sm is not None and self.send_quota is not None:
+            gen = gen_cap if gen_cap is not None else rollout
+            ready = iteration >= self.warmup and not trying and None not in (gen, train)
+            out.update(self._resplit_sms(iteration, env_steps, gen, train, ready))
         for role, key in (("gen", "gen"), ("learner", "train")):
             a = self.seen.get(role)
             if a is not None:
@@ -353,6 +371,11 @@ class RunTimeManager:
                 self.choice = done
                 if self.out_dir is not None:
                     self.choice.save(self.out_dir)
+
+    def unlogged_params(self) -> dict[str, str]:
+        """The MLflow params decided since the last call (each GPU re-split), once each."""
+        out, self._unlogged = self._unlogged, {}
+        return out
 
     def watch_metrics(self) -> dict[str, float]:
         """The shape watch's gauges: the drift and its streak, the moves and the firings that
@@ -441,6 +464,70 @@ class RunTimeManager:
         if self.out_dir is not None:
             self.choice.save(self.out_dir)
         return rec.metrics()
+
+    def _resplit_sms(
+        self, iteration: int, env_steps: int, gen: Any, train: Any, ready: bool
+    ) -> dict[str, float]:
+        """Algorithm 1's step over the SMs on one update's capacities (``ready``: past the
+        warm-up and the trials, both measured); where it chose another split, the new quotas go
+        out (:attr:`send_quota`) and the re-split is recorded. The update's ``gpu/*`` metrics:
+        the quotas in force, the re-splits so far, the last one's seconds from decision to
+        effect."""
+        assert self.sm is not None and self.send_quota is not None
+        out = {
+            "gpu/gen_sm_pct": float(self.sm_quotas.get("gen") or 0),
+            "gpu/train_sm_pct": float(self.sm_quotas.get("learner") or 0),
+            "gpu/resplits": float(self.resplits),
+        }
+        if not ready:
+            return out
+        assert self.pace is not None
+        left = self.pace.seconds_left(iteration, env_steps, time.perf_counter())
+        r = self.sm.observe(float(gen), float(train), iteration, left)
+        out["gpu/resplits_declined"] = float(len(self.sm.declined))
+        if r is None:
+            return out
+        in_force = self.send_quota(dict(r.new))
+        seconds = time.perf_counter() - r.decided_at
+        self.sm.applied(seconds)  # what the next re-split must save to be worth it
+        self.sm_quotas.update(in_force)
+        self.resplits += 1
+        self._record_resplit(r, in_force, seconds)
+        out.update(
+            {
+                "gpu/gen_sm_pct": float(self.sm_quotas.get("gen") or 0),
+                "gpu/train_sm_pct": float(self.sm_quotas.get("learner") or 0),
+                "gpu/resplits": float(self.resplits),
+                "gpu/resplit_s": seconds,
+                "gpu/resplit_gen_sm_pct_old": float(r.old["gen"]),
+                "gpu/resplit_gen_sm_pct_new": float(r.new["gen"]),
+                "gpu/resplit_train_sm_pct_old": float(r.old["learner"]),
+                "gpu/resplit_train_sm_pct_new": float(r.new["learner"]),
+            }
+        )
+        return out
+
+    def _record_resplit(self, r: Resplit, in_force: dict[str, int], seconds: float) -> None:
+        """A GPU re-split in the log, ``gpu_resplits.jsonl`` and an MLflow param."""
+        n = self.resplits
+        said = f"{r.describe()}; in force in {seconds:.2f} s"
+        log.info("GPU re-split %d at %s (%s)", n, said, r.cause)
+        self._unlogged[f"gpu/resplit{n}"] = said
+        if self.out_dir is None:
+            return
+        row = {
+            "resplit": n,
+            "step": r.step,
+            "stage": r.stage,
+            "old": r.old,
+            "new": r.new,
+            "applied": in_force,
+            "seconds_to_effect": seconds,
+            "cause": r.cause,
+        }
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        with (self.out_dir / "gpu_resplits.jsonl").open("a") as f:
+            f.write(json.dumps(row) + "\n")
 
     def _rates(self) -> tuple[float | None, float | None]:
         """The rollout's capacity and the generator's (decisions per busy second) since the last
