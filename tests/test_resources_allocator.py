@@ -11,9 +11,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from ebrl.resources.assign import ShareKind, make_plan
 from ebrl.resources.elastic import ElasticAllocator
 from ebrl.resources.monitors import DivergenceMonitor, DriftMonitor
-from ebrl.resources.plan import ShareKind, make_plan
 from ebrl.resources.profiler import RatePoint, RateTable
 from ebrl.resources.split import (
     AllocationError,

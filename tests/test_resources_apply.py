@@ -26,7 +26,7 @@ from ebrl.resources.apply import (
     set_threads,
     threads_guard,
 )
-from ebrl.resources.plan import PlanPolicy, StageRequest, make_plan
+from ebrl.resources.assign import PlanPolicy, StageRequest, make_plan
 from ebrl.resources.topology import fake_topology
 from tests.fake_mps import write_control
 

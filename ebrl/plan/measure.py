@@ -198,7 +198,7 @@ def level_env(device: str, level: float, mps_pipe: str | None) -> dict[str, str]
             else {}
         )
     from ebrl.resources.apply import gpu_stage_env
-    from ebrl.resources.plan import GpuShare, ShareKind
+    from ebrl.resources.assign import GpuShare, ShareKind
 
     if mps_pipe is None:
         raise RuntimeError(

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ebrl.config import AllocatorKind, ResourcesNode
-from ebrl.resources.plan import PlanPolicy, StageRequest, cpu_plan, cpu_split, make_plan
+from ebrl.resources.assign import PlanPolicy, StageRequest, cpu_plan, cpu_split, make_plan
 from ebrl.resources.profiler import RateTable
 from ebrl.resources.split import Allocation, AllocationError, Pool, allocate_with_sims
 from ebrl.resources.topology import Topology

@@ -26,7 +26,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, Protocol
 
-from ebrl.resources.plan import GpuShare, ShareKind, StagePlacement
+from ebrl.resources.assign import GpuShare, ShareKind, StagePlacement
 
 log = logging.getLogger(__name__)
 
@@ -476,7 +476,7 @@ def gpu_stage_env(share: GpuShare, mps: MPSDaemon | str | Path | None = None) ->
     is fastest first); a GPU uuid, when known, is used instead.
 
     Args:
-        share: the process's share from a :class:`~ebrl.resources.plan.ResourcePlan`.
+        share: the process's share from a :class:`~ebrl.resources.assign.ResourcePlan`.
         mps: the running daemon or its pipe directory (needed for ``mps`` shares).
 
     Raises:

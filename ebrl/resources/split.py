@@ -38,7 +38,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from ebrl.resources.plan import StageRequest
+from ebrl.resources.assign import StageRequest
 from ebrl.resources.profiler import RateTable
 
 Curve = Callable[[int], float]
@@ -459,7 +459,7 @@ def stage_requests(
     train_cores: int = 1,
     prefer_gpu: int | None = None,
 ) -> list[StageRequest]:
-    """The gen and train requests for :func:`~ebrl.resources.plan.make_plan`.
+    """The gen and train requests for :func:`~ebrl.resources.assign.make_plan`.
 
     On a threads pool, each stage gets its units as cores (and threads); on an SM-percent pool,
     its units as ``gpu_share`` on one GPU with ``gen_cores`` / ``train_cores`` CPU cores.

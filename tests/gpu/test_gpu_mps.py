@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 
 from ebrl.resources.apply import MPSDaemon, gpu_stage_env
-from ebrl.resources.plan import ShareKind, StageRequest, make_plan
+from ebrl.resources.assign import ShareKind, StageRequest, make_plan
 from ebrl.resources.topology import discover
 
 pytestmark = pytest.mark.gpu

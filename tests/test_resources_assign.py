@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ebrl.resources.plan import (
+from ebrl.resources.assign import (
     PlanError,
     PlanPolicy,
     ResourcePlan,
