@@ -436,9 +436,7 @@ class RunController:
             return
         row = {**move.to_dict(), "applied": move.changed and latency is not None,
                "apply_latency_s": latency}  # fmt: skip
-        self.out_dir.mkdir(parents=True, exist_ok=True)
-        with (self.out_dir / "reallocations.jsonl").open("a") as f:
-            f.write(json.dumps(row) + "\n")
+        self._append("reallocations.jsonl", row)
 
     def _shape(self, env_steps: int, at: float) -> dict[str, float]:
         """The trials' step: move on when they say, and once at their end refit the model to the
@@ -525,8 +523,13 @@ class RunController:
             "seconds_to_effect": seconds,
             "cause": r.cause,
         }
+        self._append("gpu_resplits.jsonl", row)
+
+    def _append(self, name: str, row: dict[str, Any]) -> None:
+        """One JSON line appended to the run folder's ``name`` (the caller checked it has one)."""
+        assert self.out_dir is not None
         self.out_dir.mkdir(parents=True, exist_ok=True)
-        with (self.out_dir / "gpu_resplits.jsonl").open("a") as f:
+        with (self.out_dir / name).open("a") as f:
             f.write(json.dumps(row) + "\n")
 
     def _rates(self) -> tuple[float | None, float | None]:
@@ -565,9 +568,7 @@ class RunController:
             "apply_latency_s": r.apply_latency_s,
             "decided_at": r.decided_at,
         }
-        self.out_dir.mkdir(parents=True, exist_ok=True)
-        with (self.out_dir / "reallocations.jsonl").open("a") as f:
-            f.write(json.dumps(row) + "\n")
+        self._append("reallocations.jsonl", row)
 
 
 def _alloc_dict(a: Allocation) -> dict[str, Any]:
