@@ -188,6 +188,24 @@ def test_sampled_initial_states_follow_the_seed():
 
 
 @needs_libero
+def test_sampled_layouts_start_the_arm_as_the_suites_fixed_states_do():
+    """LIBERO's fixed initial states start the arm with robosuite's default joint noise; LIBERO's
+    own env turns it off, and sampled layouts then started the arm at one pose every time
+    (a start the benchmark never has: policies trained from it did worse on the fixed states)."""
+    fixed = _env(task="libero_object", task_id=0)
+    sampled = _env(task="libero_object", task_id=0, init_states="sampled")
+
+    def joints(env: lib.LiberoEnv, seeds: range) -> np.ndarray:
+        return np.stack([env._reset_raw(s)["robot0_joint_pos"] for s in seeds])
+
+    f, g = joints(fixed, range(40)), joints(sampled, range(40))
+    assert f.std(0).min() > 0.01  # the benchmark's states: ~0.02 rad a joint
+    assert np.all(g.std(0) > 0.5 * f.std(0)) and np.all(g.std(0) < 2 * f.std(0))
+    assert np.abs(g.mean(0) - f.mean(0)).max() < 0.02  # about the same pose
+    np.testing.assert_array_equal(joints(sampled, range(3)), joints(sampled, range(3)))
+
+
+@needs_libero
 def test_all_tasks_share_one_layout_with_a_task_one_hot():
     a = _env(task="libero_10", task_id="all", env_id=2)
     b = _env(task="libero_10", task_id="all", env_id=13)

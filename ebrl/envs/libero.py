@@ -30,7 +30,7 @@ fixed initial states (``get_task_init_states``: 50 per task, the states LIBERO's
 RLinf's LIBERO env train and evaluate from), the state picked by the reset seed, so envs of one
 reset group start alike (GRPO) and evaluation's seed stream draws from the same 50 states;
 ``init_states="sampled"`` instead lets LIBERO's own placement sampler draw a new layout, seeded
-by the reset seed.
+by the reset seed, the arm's joints perturbed as in the fixed states (:data:`ARM_NOISE`).
 
 LIBERO is imported inside the constructor, so ``import ebrl.envs`` never needs it. Cameras render
 offscreen on the CPU through EGL (Mesa's llvmpipe device; the same code path uses a GPU's EGL on a
@@ -96,6 +96,11 @@ STATE_TEXT = {
 #: the Franka's operational-space controller: end-effector delta pose 6, gripper 1
 ACTION_DIM = 7
 INIT_STATES = ("suite", "sampled")
+#: how the arm starts in LIBERO's fixed initial states: robosuite's default joint noise (Gaussian,
+#: 0.02 rad a joint; measured on LIBERO-Object task 0's 50 states: sd 0.017-0.019). LIBERO's own
+#: env turns that noise off, so its sampled layouts would start the arm at one pose, which the
+#: benchmark's states never have; a sampled layout gets the same noise, drawn from the reset seed
+ARM_NOISE = {"magnitude": 0.02, "type": "gaussian"}
 #: fixed initial states per task in every suite (``get_task_init_states``; LIBERO's standard
 #: evaluation plays all 50 of each task)
 FIXED_STATES = 50
@@ -389,6 +394,7 @@ class LiberoEnv:
             # a soft reset keeps the compiled model: ~0.04 s instead of ~1 s (measured), and the
             # initial state is set in full (qpos, qvel) right after
             hard_reset=False,
+            initialization_noise=dict(ARM_NOISE) if init_states == "sampled" else None,
         )
         low, high = self._env.env.action_spec
         self._low = np.asarray(low, dtype=np.float64)
