@@ -44,8 +44,8 @@ help:
 	@echo "make plan [PROFILE=<file>] [MACHINE=cpu|cluster|scale/g<N>|<file>] [VALIDATE=1] [OUT=<dir>]"
 	@echo "               the capacity planner: every scheduler predicted, no run started (into outputs/plan/)"
 	@echo "make test-readme  every command README.md, REPRODUCE.md and docs/ show, run as written with tiny budgets"
-	@echo "make convergence-libero  LIBERO-Object task 0 from its clone: Sync/Async/EBRL to LIBERO_TARGET success, 5 seeds (~7 h on an idle 2-core machine: ~27 min a run, measured)"
-	@echo "make staleness-libero    the same workload under EBRL, k = 0,1,2,4,8, 5 seeds (~11 h on an idle 2-core machine: ~27 min a run)"
+	@echo "make convergence-libero  LIBERO-Object task 0 from its clone: Sync/Async/EBRL to LIBERO_TARGET success, 5 seeds (~4 h on an idle 2-core machine: ~16 min a run, measured)"
+	@echo "make staleness-libero    the same workload under EBRL, k = 0,1,2,4,8, 5 seeds (~7 h on an idle 2-core machine: ~16 min a run)"
 	@echo "make sft-libero  LIBERO-Object: scripted expert, demonstrations, behaviour cloning, the clone evaluated (init_checkpoint= for RL)"
 
 setup: $(STAMP) $(VULKAN) $(MODEL_BUILT)
