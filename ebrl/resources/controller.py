@@ -178,12 +178,11 @@ class RunController:
         self.send_split: SendSplit = lambda role, seq, res: None
         self.send_shape: SendShape = lambda shape: None
         self.send_quota: SendQuota | None = None
-        # Algorithm 1 over a shared GPU's SMs (split_sms): the policy, the quotas in force, the
-        # run's pace, the re-splits applied and the MLflow params not logged yet
+        # Algorithm 1 over a shared GPU's SMs (split_sms): the policy (its history: the
+        # re-splits applied), the quotas in force, the run's pace, the MLflow params not logged
         self.sm: SMResplitter | None = None
         self.sm_quotas: dict[str, int] = {}
         self.pace: Pace | None = None
-        self.resplits = 0
         self._unlogged: dict[str, str] = {}
 
     # -- wiring --------------------------------------------------------------------------------
@@ -472,42 +471,33 @@ class RunController:
         the quotas in force, the re-splits so far, the last one's seconds from decision to
         effect."""
         assert self.sm is not None and self.send_quota is not None
-        out = {
+        out: dict[str, float] = {}
+        if ready:
+            assert self.pace is not None
+            left = self.pace.seconds_left(iteration, env_steps, time.perf_counter())
+            r = self.sm.observe(float(gen), float(train), iteration, left)
+            out["gpu/resplits_declined"] = float(len(self.sm.declined))
+            if r is not None:
+                in_force = self.send_quota(dict(r.new))
+                seconds = time.perf_counter() - r.decided_at
+                self.sm.applied(seconds)  # what the next re-split must save to be worth it
+                self.sm_quotas.update(in_force)
+                self._record_resplit(r, in_force, seconds)
+                out["gpu/resplit_s"] = seconds
+                for role, key in (("gen", "gen"), ("learner", "train")):
+                    out[f"gpu/resplit_{key}_sm_pct_old"] = float(r.old[role])
+                    out[f"gpu/resplit_{key}_sm_pct_new"] = float(r.new[role])
+        return {
             "gpu/gen_sm_pct": float(self.sm_quotas.get("gen") or 0),
             "gpu/train_sm_pct": float(self.sm_quotas.get("learner") or 0),
-            "gpu/resplits": float(self.resplits),
+            "gpu/resplits": float(len(self.sm.history)),  # every re-split it chose is applied
+            **out,
         }
-        if not ready:
-            return out
-        assert self.pace is not None
-        left = self.pace.seconds_left(iteration, env_steps, time.perf_counter())
-        r = self.sm.observe(float(gen), float(train), iteration, left)
-        out["gpu/resplits_declined"] = float(len(self.sm.declined))
-        if r is None:
-            return out
-        in_force = self.send_quota(dict(r.new))
-        seconds = time.perf_counter() - r.decided_at
-        self.sm.applied(seconds)  # what the next re-split must save to be worth it
-        self.sm_quotas.update(in_force)
-        self.resplits += 1
-        self._record_resplit(r, in_force, seconds)
-        out.update(
-            {
-                "gpu/gen_sm_pct": float(self.sm_quotas.get("gen") or 0),
-                "gpu/train_sm_pct": float(self.sm_quotas.get("learner") or 0),
-                "gpu/resplits": float(self.resplits),
-                "gpu/resplit_s": seconds,
-                "gpu/resplit_gen_sm_pct_old": float(r.old["gen"]),
-                "gpu/resplit_gen_sm_pct_new": float(r.new["gen"]),
-                "gpu/resplit_train_sm_pct_old": float(r.old["learner"]),
-                "gpu/resplit_train_sm_pct_new": float(r.new["learner"]),
-            }
-        )
-        return out
 
     def _record_resplit(self, r: Resplit, in_force: dict[str, int], seconds: float) -> None:
         """A GPU re-split in the log, ``gpu_resplits.jsonl`` and an MLflow param."""
-        n = self.resplits
+        assert self.sm is not None
+        n = len(self.sm.history)
         said = f"{r.describe()}; in force in {seconds:.2f} s"
         log.info("GPU re-split %d at %s (%s)", n, said, r.cause)
         self._unlogged[f"gpu/resplit{n}"] = said
